@@ -1,0 +1,63 @@
+"""The one exception hierarchy shared by every layer of sessionscope.
+
+Each error also subclasses the builtin a caller would naturally catch, so code
+written against ADK's services (which raise ValueError and TypeError) keeps
+working unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExistsError",
+    "DuplicateEventError",
+    "IncompatibleStoreError",
+    "SessionNotFoundError",
+    "SessionscopeError",
+    "StaleSessionError",
+    "StateValueError",
+    "StoreClosedError",
+    "StoreError",
+]
+
+
+class SessionscopeError(Exception):
+    """Base class of every error raised by sessionscope."""
+
+
+class SessionNotFoundError(SessionscopeError, ValueError):
+    """The session does not exist (never created, or deleted)."""
+
+
+class StaleSessionError(SessionscopeError, ValueError):
+    """The session object was read before the store last moved on."""
+
+
+class AlreadyExistsError(SessionscopeError, ValueError):
+    """A session with this id already exists for the app and user."""
+
+
+class DuplicateEventError(SessionscopeError, ValueError):
+    """An event id the session already stores was appended with other content."""
+
+
+class StateValueError(SessionscopeError, TypeError):
+    """A state or event value is not of a storable type.
+
+    The message names the key path, e.g. ``state['cart'][2]: set is not storable``.
+    """
+
+
+class StoreError(SessionscopeError, RuntimeError):
+    """The storage layer failed; the message carries a hint on what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(f"{message} (hint: {hint})" if hint else message)
+
+
+class IncompatibleStoreError(StoreError):
+    """The path holds something that is not a store this version can open."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after close()."""
