@@ -1,0 +1,94 @@
+"""The one place msgpack options live: how values, state maps and events become bytes.
+
+Values are checked against the contract's storable types before they are
+packed (``check_storable`` in the compiled core), so an unstorable value is a
+``StateValueError`` naming its key path and nothing is written. Event records
+carry a one-byte format version so that stored events can evolve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import partial
+from typing import Any
+
+import msgpack
+
+from .core import check_storable
+from .errors import IncompatibleStoreError
+
+__all__ = [
+    "EVENT_FORMAT",
+    "decode_event",
+    "decode_value",
+    "decode_values",
+    "encode_event",
+    "encode_items",
+    "encode_value",
+    "events_equal",
+    "pack",
+    "unpack",
+]
+
+# Version byte in front of every stored event record.
+EVENT_FORMAT = 1
+_EVENT_PREFIX = bytes([EVENT_FORMAT])
+
+# use_bin_type keeps bytes and str apart; datetime stays off because datetimes
+# are not storable values. strict_map_key admits only str (and bytes) map keys.
+pack = partial(msgpack.packb, use_bin_type=True, datetime=False)
+unpack = partial(msgpack.unpackb, raw=False, strict_map_key=True, use_list=True)
+
+
+def encode_value(value: Any, path: str) -> bytes:
+    """Check a value and return its bytes; ``path`` names it in errors."""
+    check_storable(value, path)
+    result: bytes = pack(value)
+    return result
+
+
+def decode_value(data: bytes) -> Any:
+    """Return the value stored as ``data``."""
+    return unpack(data)
+
+
+def encode_items(items: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    """Pack each value of an already checked map, one entry per key.
+
+    The compiled core has validated the values (``partition_checked``), so
+    this only packs them; one entry per key lets a store write exactly the
+    keys a delta touches.
+    """
+    return [(key, pack(value)) for key, value in items.items()]
+
+
+def encode_event(record: Mapping[str, Any], path: str = "event") -> bytes:
+    """Check an event record and return its versioned bytes."""
+    check_storable(record, path)
+    result: bytes = _EVENT_PREFIX + pack(record)
+    return result
+
+
+def decode_event(data: bytes) -> Any:
+    """Return the record stored as ``data``."""
+    if not data or data[0] != EVENT_FORMAT:
+        version = data[0] if data else None
+        raise IncompatibleStoreError(
+            f"event record has format {version}, this version reads format {EVENT_FORMAT}",
+            hint="upgrade sessionscope to read this store",
+        )
+    return unpack(memoryview(data)[1:])
+
+
+def events_equal(stored: bytes, candidate: bytes) -> bool:
+    """Tell whether two event records hold equal content.
+
+    Byte equality is the fast path; records whose maps were built in another
+    key order are equal when their decoded values are.
+    """
+    return bool(stored == candidate or decode_event(stored) == decode_event(candidate))
+
+
+def decode_values(items: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
+    """Return a map from (key, bytes) pairs."""
+    return {key: unpack(data) for key, data in items}
