@@ -11,6 +11,7 @@ __all__ = [
     "AlreadyExistsError",
     "DuplicateEventError",
     "IncompatibleStoreError",
+    "ReadonlyStateError",
     "SessionNotFoundError",
     "SessionscopeError",
     "StaleSessionError",
@@ -45,6 +46,10 @@ class StateValueError(SessionscopeError, TypeError):
 
     The message names the key path, e.g. ``state['cart'][2]: set is not storable``.
     """
+
+
+class ReadonlyStateError(SessionscopeError, TypeError):
+    """A write went through a read-only view of state."""
 
 
 class StoreError(SessionscopeError, RuntimeError):

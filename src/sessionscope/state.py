@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NoReturn
 
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
-from .errors import StateValueError
+from .errors import ReadonlyStateError, StateValueError
 
 __all__ = ["ReadonlyState", "State"]
 
@@ -117,7 +117,7 @@ class ReadonlyState(Mapping[str, Any]):
 
     def _reject(self, action: str, key: object) -> NoReturn:
         """Raise the TypeError of a write through a read-only view."""
-        raise TypeError(f"state is read-only here: cannot {action} {key!r}")
+        raise ReadonlyStateError(f"state is read-only here: cannot {action} {key!r}")
 
     def set(self, key: str, value: Any) -> Any:
         """Reject the write: this view is read-only."""
