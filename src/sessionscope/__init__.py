@@ -1,0 +1,67 @@
+"""sessionscope: a fast, durable session store for AI agents.
+
+An append-only log of events per session plus state scoped by key prefix
+(``app:``, ``user:``, ``temp:``, none), on an embedded LMDB store by default.
+"""
+
+from __future__ import annotations
+
+from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, Scope, scope_of
+from .errors import (
+    AlreadyExistsError,
+    DuplicateEventError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    SessionscopeError,
+    StaleSessionError,
+    StateValueError,
+    StoreClosedError,
+    StoreError,
+)
+from .model import (
+    Event,
+    EventActions,
+    GetSessionConfig,
+    ListSessionsResponse,
+    Session,
+    SessionMeta,
+)
+from .service import SessionService, SyncSessionService
+from .state import ReadonlyState, State
+from .stores import LmdbStore, MemoryStore, Store, open_store
+from .templating import inject_state
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "APP_PREFIX",
+    "TEMP_PREFIX",
+    "USER_PREFIX",
+    "AlreadyExistsError",
+    "DuplicateEventError",
+    "Event",
+    "EventActions",
+    "GetSessionConfig",
+    "IncompatibleStoreError",
+    "ListSessionsResponse",
+    "LmdbStore",
+    "MemoryStore",
+    "ReadonlyState",
+    "Scope",
+    "Session",
+    "SessionMeta",
+    "SessionNotFoundError",
+    "SessionService",
+    "SessionscopeError",
+    "StaleSessionError",
+    "State",
+    "StateValueError",
+    "Store",
+    "StoreClosedError",
+    "StoreError",
+    "SyncSessionService",
+    "__version__",
+    "inject_state",
+    "open_store",
+    "scope_of",
+]

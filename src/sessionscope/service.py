@@ -1,0 +1,755 @@
+"""The SessionService facade: routing by scope, stale checks, live-session updates.
+
+All logic lives in ``ServiceCore``; ``SessionService`` (async) and
+``SyncSessionService`` are thin shells that hand its prepared requests to the
+store and wait for them in their own way. The core never learns which store it
+has. What kind of session and event objects it reads and builds is told by a
+``Model``: ``NativeModel`` for this package's dataclasses, another for
+google-adk's pydantic models, so the adapter shares every rule.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+from . import codec
+from .core import apply_delta, check_storable, merge_scopes, partition_checked
+from .errors import StateValueError
+from .model import (
+    Event,
+    EventActions,
+    GetSessionConfig,
+    ListSessionsResponse,
+    Session,
+    SessionMeta,
+    new_event_id,
+    new_session_id,
+)
+from .stores import Store, open_store
+from .stores.base import AppendRequest, AppendResult, LoadedSession, SessionRecord
+
+__all__ = [
+    "MAX_ID_BYTES",
+    "Model",
+    "NativeModel",
+    "ServiceCore",
+    "SessionService",
+    "SyncSessionService",
+    "check_id",
+]
+
+S = TypeVar("S")
+E = TypeVar("E")
+MAX_ID_BYTES = 4096
+# A str of this many characters is at most MAX_ID_BYTES of UTF-8.
+_SHORT_ID = MAX_ID_BYTES // 4
+
+
+def check_id(value: object, name: str) -> str:
+    """Return a valid id, or raise a ValueError that names the argument."""
+    if type(value) is str and 0 < len(value) <= _SHORT_ID and value.isascii():
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not encodable as UTF-8 (lone surrogate)") from None
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"{name} is {size} bytes of UTF-8; the limit is {MAX_ID_BYTES}")
+    return value
+
+
+def check_session_id(value: object) -> str:
+    """Return a valid session id with surrounding whitespace stripped."""
+    if not isinstance(value, str):
+        raise ValueError(f"session_id must be a str, not {type(value).__name__}")
+    return check_id(value.strip(), "session_id")
+
+
+def read_filters(config: Any) -> tuple[int | None, float | None]:
+    """Return (num_recent_events, after_timestamp) of any config-like object."""
+    if config is None:
+        return None, None
+    count = getattr(config, "num_recent_events", None)
+    after = getattr(config, "after_timestamp", None)
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+        raise ValueError(f"num_recent_events must be an int or None, not {count!r}")
+    if count is not None and count < 0:
+        raise ValueError(f"num_recent_events must be >= 0, not {count}")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float))):
+        raise ValueError(f"after_timestamp must be a number or None, not {after!r}")
+    return count, None if after is None else float(after)
+
+
+class Model(Protocol[S, E]):
+    """How the service reads and builds the caller's session and event objects."""
+
+    def event_id(self, event: E) -> str:
+        """Return the event's id, giving it a fresh one if it has none."""
+        ...
+
+    def peek_event_id(self, event: E) -> str:
+        """Return the event's id as it is, empty or not."""
+        ...
+
+    def event_timestamp(self, event: E) -> float:
+        """Return the event's timestamp."""
+        ...
+
+    def is_partial(self, event: E) -> bool:
+        """Tell whether the event is a partial (streaming) one."""
+        ...
+
+    def state_delta(self, event: E) -> Mapping[str, Any] | None:
+        """Return the event's state delta, if any."""
+        ...
+
+    def set_state_delta(self, event: E, delta: dict[str, Any]) -> None:
+        """Replace the event's state delta."""
+        ...
+
+    def encode_event(self, event: E) -> bytes:
+        """Return the stored record of an event (its delta already checked)."""
+        ...
+
+    def decode_events(self, records: list[bytes]) -> list[E]:
+        """Return the events stored as ``records``."""
+        ...
+
+    def session_ids(self, session: S) -> tuple[str, str, str]:
+        """Return (app_name, user_id, session_id) of a session object."""
+        ...
+
+    def marker(self, session: S) -> str | None:
+        """Return the revision marker a session object carries."""
+        ...
+
+    def live_parts(self, session: S) -> tuple[dict[str, Any], list[E], float]:
+        """Return the state, the events and the last update time of a session object."""
+        ...
+
+    def update_session(self, session: S, last_update_time: float, marker: str) -> None:
+        """Set a live session's last update time and marker."""
+        ...
+
+    def build_session(
+        self,
+        record: SessionRecord,
+        state: dict[str, Any],
+        events: list[E],
+    ) -> S:
+        """Return a new session object."""
+        ...
+
+
+class NativeModel:
+    """The Model of this package's own ``Session`` and ``Event`` dataclasses."""
+
+    def event_id(self, event: Event) -> str:
+        """Return the event's id, giving it a fresh one if it has none."""
+        if not event.id:
+            event.id = new_event_id()
+        return check_id(event.id, "event.id")
+
+    def peek_event_id(self, event: Event) -> str:
+        """Return the event's id as it is, empty or not."""
+        return event.id
+
+    def event_timestamp(self, event: Event) -> float:
+        """Return the event's timestamp."""
+        stamp = event.timestamp
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+            raise StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
+        return float(stamp)
+
+    def is_partial(self, event: Event) -> bool:
+        """Tell whether the event is a partial (streaming) one."""
+        return bool(event.partial)
+
+    def state_delta(self, event: Event) -> Mapping[str, Any] | None:
+        """Return the event's state delta, if any."""
+        return event.actions.state_delta if event.actions is not None else None
+
+    def set_state_delta(self, event: Event, delta: dict[str, Any]) -> None:
+        """Replace the event's state delta."""
+        event.actions.state_delta = delta
+
+    def encode_event(self, event: Event) -> bytes:
+        """Return the stored record of an event: its set fields only."""
+        return codec.encode_event(event_to_record(event))
+
+    def decode_events(self, records: list[bytes]) -> list[Event]:
+        """Return the events stored as ``records``."""
+        return [event_from_record(codec.decode_event(record)) for record in records]
+
+    def session_ids(self, session: Session) -> tuple[str, str, str]:
+        """Return (app_name, user_id, session_id) of a session object."""
+        return session.app_name, session.user_id, session.id
+
+    def marker(self, session: Session) -> str | None:
+        """Return the revision marker a session object carries."""
+        return session.revision
+
+    def live_parts(self, session: Session) -> tuple[dict[str, Any], list[Event], float]:
+        """Return the state, the events and the last update time of a session object."""
+        return session.state, session.events, session.last_update_time
+
+    def update_session(self, session: Session, last_update_time: float, marker: str) -> None:
+        """Set a live session's last update time and marker."""
+        session.last_update_time = last_update_time
+        session.revision = marker
+
+    def build_session(
+        self, record: SessionRecord, state: dict[str, Any], events: list[Event]
+    ) -> Session:
+        """Return a new session object."""
+        return Session(
+            record.session_id,
+            record.app_name,
+            record.user_id,
+            state,
+            events,
+            record.last_update_time,
+            record.marker,
+        )
+
+
+_EVENT_FIELDS = (
+    "author",
+    "content",
+    "invocation_id",
+    "partial",
+    "branch",
+    "turn_complete",
+    "interrupted",
+    "error_code",
+    "error_message",
+    "custom_metadata",
+    "long_running_tool_ids",
+)
+_ACTION_FIELDS = ("transfer_to_agent", "escalate", "skip_summarization")
+
+
+def event_to_record(event: Event) -> dict[str, Any]:
+    """Return the storable map of an event, without the fields left at their default.
+
+    Every value but the state delta (checked with the delta itself) is checked
+    here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
+    """
+    record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
+    for name in _EVENT_FIELDS:
+        value = getattr(event, name)
+        if value is not None and value != "":
+            check_storable(value, f"event.{name}")
+            record[name] = value
+    actions = event.actions
+    packed: dict[str, Any] = {}
+    if actions.state_delta:
+        packed["state_delta"] = actions.state_delta
+    if actions.artifact_delta:
+        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
+        packed["artifact_delta"] = actions.artifact_delta
+    for name in _ACTION_FIELDS:
+        value = getattr(actions, name)
+        if value is not None:
+            check_storable(value, f"event.actions.{name}")
+            packed[name] = value
+    if actions.extra:
+        check_storable(actions.extra, "event.actions.extra")
+        packed["extra"] = actions.extra
+    if packed:
+        record["actions"] = packed
+    if event.extra:
+        check_storable(event.extra, "event.extra")
+        record["extra"] = event.extra
+    return record
+
+
+def event_from_record(record: dict[str, Any]) -> Event:
+    """Return the event stored as ``record``."""
+    actions = record.pop("actions", None)
+    event = Event(**record)
+    if actions is not None:
+        event.actions = EventActions(**actions)
+    return event
+
+
+@dataclass(slots=True)
+class PreparedAppend:
+    """An append checked and packed, waiting for the store."""
+
+    request: AppendRequest
+    delta: dict[str, Any]
+    original_delta: Mapping[str, Any] | None
+    temp: dict[str, Any]
+
+
+@dataclass(slots=True)
+class PreparedCreate:
+    """A create checked and packed, waiting for the store."""
+
+    app_name: str
+    user_id: str
+    session_id: str
+    create_time: float
+    app_items: list[tuple[str, bytes]]
+    user_items: list[tuple[str, bytes]]
+    session_items: list[tuple[str, bytes]]
+
+
+class ServiceCore(Generic[S, E]):
+    """Every rule of the contract that is not storage: shared by both facades."""
+
+    def __init__(self, store: Store, model: Model[S, E]) -> None:
+        self.store = store
+        self.model = model
+
+    # -- create ----------------------------------------------------------
+
+    def prepare_create(
+        self,
+        app_name: object,
+        user_id: object,
+        state: Mapping[str, Any] | None,
+        session_id: object,
+    ) -> PreparedCreate:
+        """Check a create's arguments and pack its state, routed by scope."""
+        app = check_id(app_name, "app_name")
+        user = check_id(user_id, "user_id")
+        if session_id is None or (isinstance(session_id, str) and not session_id.strip()):
+            sid = new_session_id()
+        else:
+            sid = check_session_id(session_id)
+        if state is not None and not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping or None, not {type(state).__name__}")
+        app_delta, user_delta, session_delta, _ = partition_checked(state or {})
+        return PreparedCreate(
+            app,
+            user,
+            sid,
+            time.time(),
+            codec.encode_items(app_delta),
+            codec.encode_items(user_delta),
+            codec.encode_items(session_delta),
+        )
+
+    def finish_load(self, loaded: LoadedSession) -> S:
+        """Return the caller's session object for what a store read."""
+        state = merge_scopes(loaded.app_state, loaded.user_state, loaded.session_state)
+        return self.model.build_session(
+            loaded.record, state, self.model.decode_events(loaded.events)
+        )
+
+    # -- read ------------------------------------------------------------
+
+    def get_session(
+        self, app_name: object, user_id: object, session_id: object, config: Any
+    ) -> S | None:
+        """Read a session; None when it does not exist."""
+        app = check_id(app_name, "app_name")
+        user = check_id(user_id, "user_id")
+        sid = check_session_id(session_id)
+        count, after = read_filters(config)
+        loaded = self.store.load_session(app, user, sid, count, after)
+        return None if loaded is None else self.finish_load(loaded)
+
+    def list_records(self, app_name: object, user_id: object) -> list[SessionRecord]:
+        """Return the records of an app's (or user's) sessions, oldest activity first."""
+        app = check_id(app_name, "app_name")
+        user = None if user_id is None else check_id(user_id, "user_id")
+        records = self.store.list_sessions(app, user)
+        records.sort(key=_list_order)
+        return records
+
+    def list_page(
+        self, app_name: object, user_id: object, limit: int | None, cursor: str | None
+    ) -> ListSessionsResponse:
+        """Return one page of session metadata, in listing order."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise ValueError(f"limit must be an int or None, not {limit!r}")
+        if limit is not None and limit <= 0:
+            raise ValueError(f"limit must be positive, not {limit}")
+        app = check_id(app_name, "app_name")
+        user = None if user_id is None else check_id(user_id, "user_id")
+        records = self.store.list_sessions(app, user)
+        if cursor is not None:
+            after = _decode_cursor(cursor)
+            records = [r for r in records if _list_order(r) > after]
+        if limit is None or len(records) <= limit:
+            page, more = sorted(records, key=_list_order), False
+        else:
+            page, more = heapq.nsmallest(limit, records, key=_list_order), True
+        metas = [_meta(record) for record in page]
+        next_cursor = _encode_cursor(_list_order(page[-1])) if more else None
+        return ListSessionsResponse(metas, next_cursor)
+
+    def check_delete(
+        self, app_name: object, user_id: object, session_id: object
+    ) -> tuple[str, str, str]:
+        """Return the checked ids of a delete."""
+        return (
+            check_id(app_name, "app_name"),
+            check_id(user_id, "user_id"),
+            check_session_id(session_id),
+        )
+
+    # -- append ----------------------------------------------------------
+
+    def prepare_append(self, session: S, event: E, locked: bool) -> PreparedAppend | None:
+        """Check and pack an append; None for a partial event, which is not stored.
+
+        Nothing is changed, on the event or the session, until the store has
+        taken the append: ``finish_append`` does that, ``abandon_append``
+        undoes the one change made to the event here.
+        """
+        model = self.model
+        if model.is_partial(event):
+            return None
+        app_name, user_id, session_id = model.session_ids(session)
+        app = check_id(app_name, "session.app_name")
+        user = check_id(user_id, "session.user_id")
+        sid = check_session_id(session_id)
+        event_id = model.event_id(event)
+        timestamp = model.event_timestamp(event)
+        original = model.state_delta(event)
+        delta: dict[str, Any]
+        if original:
+            app_delta, user_delta, session_delta, temp = partition_checked(original)
+            delta = {k: v for k, v in original.items() if k not in temp} if temp else dict(original)
+        else:
+            app_delta = user_delta = session_delta = temp = delta = {}
+        if temp:
+            model.set_state_delta(event, delta)
+        try:
+            record = model.encode_event(event)
+        except BaseException:
+            if temp:
+                model.set_state_delta(event, dict(original))  # type: ignore[arg-type]
+            raise
+        _, events, last_update_time = model.live_parts(session)
+        request = AppendRequest(
+            app,
+            user,
+            sid,
+            event_id,
+            timestamp,
+            record,
+            codec.encode_items(app_delta),
+            codec.encode_items(user_delta),
+            codec.encode_items(session_delta),
+            model.marker(session),
+            last_update_time,
+            model.peek_event_id(events[-1]) if events else None,
+            locked,
+        )
+        return PreparedAppend(request, delta, original if temp else None, temp)
+
+    def abandon_append(self, event: E, prepared: PreparedAppend) -> None:
+        """Give the event back its delta, temp keys included, after a failed append."""
+        if prepared.original_delta is not None:
+            self.model.set_state_delta(event, dict(prepared.original_delta))
+
+    def finish_append(
+        self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
+    ) -> E:
+        """Bring the live session up to date with what the store took."""
+        if result.duplicate or result.record is None:
+            return event
+        state, events, _ = self.model.live_parts(session)
+        missed = self.model.decode_events(result.missed_events) if result.missed_events else []
+        stored = result.stored_state
+        if stored is not None:
+            # The stored maps already hold every delta, the missed ones included.
+            state.clear()
+            state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
+        else:
+            for earlier in missed:
+                earlier_delta = self.model.state_delta(earlier)
+                if earlier_delta:
+                    apply_delta(state, earlier_delta)
+            if prepared.delta:
+                apply_delta(state, prepared.delta)
+        if prepared.temp:
+            apply_delta(state, prepared.temp)
+        events.extend(missed)
+        events.append(event)
+        self.model.update_session(session, result.record.last_update_time, result.record.marker)
+        return event
+
+
+def _list_order(record: SessionRecord) -> tuple[float, str, str]:
+    return record.last_update_time, record.user_id, record.session_id
+
+
+def _encode_cursor(position: tuple[float, str, str]) -> str:
+    return base64.urlsafe_b64encode(codec.pack(list(position))).decode("ascii")
+
+
+def _decode_cursor(cursor: object) -> tuple[float, str, str]:
+    try:
+        if not isinstance(cursor, str):
+            raise TypeError
+        stamp, user, sid = codec.unpack(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        return float(stamp), str(user), str(sid)
+    except Exception:
+        raise ValueError(f"cursor {cursor!r} is not one a listing returned") from None
+
+
+def _meta(record: SessionRecord) -> SessionMeta:
+    return SessionMeta(
+        record.session_id,
+        record.app_name,
+        record.user_id,
+        record.last_update_time,
+        record.create_time,
+        record.event_count,
+        record.marker,
+    )
+
+
+def _resolve_store(store: Store | str | None) -> Store:
+    if store is None:
+        from .stores.memory import MemoryStore
+
+        return MemoryStore()
+    if isinstance(store, str):
+        return open_store(store)
+    return store
+
+
+class SessionService:
+    """The async session service over any store (default: a MemoryStore)."""
+
+    def __init__(self, store: Store | str | None = None) -> None:
+        self.store = _resolve_store(store)
+        self._core: ServiceCore[Session, Event] = ServiceCore(self.store, NativeModel())
+
+    def __repr__(self) -> str:
+        return f"SessionService({self.store!r})"
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """Create a session; its initial state is routed by prefix."""
+        p = self._core.prepare_create(app_name, user_id, state, session_id)
+        loaded = await self.store.create_session(
+            p.app_name, p.user_id, p.session_id, p.create_time,
+            p.app_items, p.user_items, p.session_items,
+        )  # fmt: skip
+        return self._core.finish_load(loaded)
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        """Read a session with the events ``config`` selects; None if missing."""
+        return self._core.get_session(app_name, user_id, session_id, config)
+
+    async def list_sessions(
+        self,
+        *,
+        app_name: str,
+        user_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> ListSessionsResponse:
+        """List session metadata, least recently active first; pages with limit."""
+        return self._core.list_page(app_name, user_id, limit, cursor)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete a session, its state and its events; a missing one is a no-op."""
+        await self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id))
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        """Append an event to a session read before; stale copies are refused."""
+        return await self._append(session, event, locked=False)
+
+    async def append_event_locked(self, session: Session, event: Event) -> Event:
+        """Append on top of what is stored, and bring the live session up to date."""
+        return await self._append(session, event, locked=True)
+
+    async def _append(self, session: Session, event: Event, locked: bool) -> Event:
+        prepared = self._core.prepare_append(session, event, locked)
+        if prepared is None:
+            return event
+        try:
+            result = await self.store.append(prepared.request)
+        except BaseException:
+            self._core.abandon_append(event, prepared)
+            raise
+        return self._core.finish_append(session, event, prepared, result)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        return self.store.read_user_state(
+            check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        )
+
+    async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        return self.store.read_app_state(check_id(app_name, "app_name"))
+
+    async def flush(self) -> None:
+        """Return once every acknowledged append is durable."""
+        await self.store.flush()
+
+    async def close(self) -> None:
+        """Flush and release the store."""
+        self.store.close()
+
+    async def __aenter__(self) -> SessionService:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class SyncSessionService:
+    """The synchronous twin of SessionService, for scripts, replay and threads."""
+
+    def __init__(self, store: Store | str | None = None) -> None:
+        self.store = _resolve_store(store)
+        self._core: ServiceCore[Session, Event] = ServiceCore(self.store, NativeModel())
+
+    def __repr__(self) -> str:
+        return f"SyncSessionService({self.store!r})"
+
+    def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """Create a session; its initial state is routed by prefix."""
+        p = self._core.prepare_create(app_name, user_id, state, session_id)
+        loaded = self.store.create_session(
+            p.app_name, p.user_id, p.session_id, p.create_time,
+            p.app_items, p.user_items, p.session_items,
+        ).result()  # fmt: skip
+        return self._core.finish_load(loaded)
+
+    def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        """Read a session with the events ``config`` selects; None if missing."""
+        return self._core.get_session(app_name, user_id, session_id, config)
+
+    def list_sessions(
+        self,
+        *,
+        app_name: str,
+        user_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> ListSessionsResponse:
+        """List session metadata, least recently active first; pages with limit."""
+        return self._core.list_page(app_name, user_id, limit, cursor)
+
+    def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete a session, its state and its events; a missing one is a no-op."""
+        self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id)).result()
+
+    def append_event(self, session: Session, event: Event) -> Event:
+        """Append an event to a session read before; stale copies are refused."""
+        return self._append(session, event, locked=False)
+
+    def append_event_locked(self, session: Session, event: Event) -> Event:
+        """Append on top of what is stored, and bring the live session up to date."""
+        return self._append(session, event, locked=True)
+
+    def _append(self, session: Session, event: Event, locked: bool) -> Event:
+        prepared = self._core.prepare_append(session, event, locked)
+        if prepared is None:
+            return event
+        try:
+            result = self.store.append(prepared.request).result()
+        except BaseException:
+            self._core.abandon_append(event, prepared)
+            raise
+        return self._core.finish_append(session, event, prepared, result)
+
+    def append_many(self, appends: Iterable[tuple[Session, Event]]) -> list[Event]:
+        """Append many events in as few transactions as the store can: replay and import.
+
+        Each append is applied on top of what is stored, like
+        ``append_event_locked``, but events others appended meanwhile are not
+        brought into the live sessions. On an error the appends before the
+        failing one stay stored and applied, and the error is raised.
+        """
+        core = self._core
+        batch: list[tuple[Session, Event, PreparedAppend]] = []
+        for session, event in appends:
+            prepared = core.prepare_append(session, event, locked=True)
+            if prepared is not None:
+                prepared.request.marker = None
+                batch.append((session, event, prepared))
+        try:
+            results = self.store.append_many([p.request for _, _, p in batch]).result()
+        except BaseException:
+            # Which appends landed is unknown here: read the sessions again.
+            for _, event, prepared in batch:
+                core.abandon_append(event, prepared)
+            raise
+        return [
+            core.finish_append(session, event, prepared, result)
+            for (session, event, prepared), result in zip(batch, results, strict=True)
+        ]
+
+    def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        return self.store.read_user_state(
+            check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        )
+
+    def get_app_state(self, *, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        return self.store.read_app_state(check_id(app_name, "app_name"))
+
+    def flush(self) -> None:
+        """Return once every acknowledged append is durable."""
+        self.store.flush().result()
+
+    def close(self) -> None:
+        """Flush and release the store."""
+        self.store.close()
+
+    def __enter__(self) -> SyncSessionService:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

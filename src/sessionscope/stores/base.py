@@ -1,0 +1,303 @@
+"""The small Store protocol the service talks to, and what every store shares.
+
+A store keeps bytes: packed state values per key and packed event records. It
+knows the three stored maps (app, user, session) the core hands it, and not
+what a prefix is. The rules an append must obey (not found, duplicate event,
+stale copy) are decided here once, so every backend enforces them alike.
+
+Writes return a ``Completion``: a store that writes inline hands back a
+finished one, a store that commits in a background thread (group commit)
+hands back one wrapping a future. Sync callers call ``result()``, async
+callers ``await`` it; a finished completion never suspends the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..codec import events_equal
+from ..errors import DuplicateEventError, SessionNotFoundError, StaleSessionError
+
+__all__ = [
+    "AppendRequest",
+    "AppendResult",
+    "Completion",
+    "LoadedSession",
+    "SessionRecord",
+    "Store",
+    "check_append",
+    "events_seen",
+    "needs_stored_state",
+]
+
+T = TypeVar("T")
+Items = list[tuple[str, bytes]]
+
+
+class Completion(Generic[T]):
+    """The outcome of a store write: finished now, or when a future resolves."""
+
+    __slots__ = ("_error", "_future", "_value")
+
+    def __init__(
+        self,
+        value: T | None = None,
+        error: BaseException | None = None,
+        future: concurrent.futures.Future[T] | None = None,
+    ) -> None:
+        self._value = value
+        self._error = error
+        self._future = future
+
+    @classmethod
+    def done(cls, value: T) -> Completion[T]:
+        """Return a finished completion holding ``value``."""
+        return cls(value)
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Completion[T]:
+        """Return a finished completion that raises ``error``."""
+        return cls(error=error)
+
+    @classmethod
+    def pending(cls, future: concurrent.futures.Future[T]) -> Completion[T]:
+        """Return a completion that finishes with ``future``."""
+        return cls(future=future)
+
+    def result(self) -> T:
+        """Block until the write is done; return its value or raise its error."""
+        if self._future is not None:
+            return self._future.result()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._future is not None:
+            return (yield from asyncio.wrap_future(self._future).__await__())
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What a store keeps about a session besides its state and events.
+
+    ``number`` is store-internal and never reused, so a session deleted and
+    created again under the same id has a new number, and markers read from
+    the old one can never match.
+    """
+
+    app_name: str
+    user_id: str
+    session_id: str
+    number: int
+    create_time: float
+    last_update_time: float
+    event_count: int = 0
+    last_event_id: str | None = None
+
+    @property
+    def marker(self) -> str:
+        """Return the revision marker: which session, after how many events."""
+        return f"{self.number}:{self.event_count}"
+
+    def to_list(self) -> list[Any]:
+        """Return the record as a packable list."""
+        return [
+            self.app_name,
+            self.user_id,
+            self.session_id,
+            self.number,
+            self.create_time,
+            self.last_update_time,
+            self.event_count,
+            self.last_event_id,
+        ]
+
+    @classmethod
+    def from_list(cls, fields: list[Any]) -> SessionRecord:
+        """Return the record packed by ``to_list``."""
+        return cls(*fields)
+
+
+@dataclass(slots=True)
+class LoadedSession:
+    """A session as a store reads it: record, decoded maps, event bytes."""
+
+    record: SessionRecord
+    session_state: dict[str, Any]
+    app_state: dict[str, Any]
+    user_state: dict[str, Any]
+    events: list[bytes]
+
+
+@dataclass(slots=True)
+class AppendRequest:
+    """Everything a store needs to append one event, already checked and packed."""
+
+    app_name: str
+    user_id: str
+    session_id: str
+    event_id: str
+    timestamp: float
+    event: bytes
+    app_items: Items = field(default_factory=list)
+    user_items: Items = field(default_factory=list)
+    session_items: Items = field(default_factory=list)
+    # The marker of the caller's copy (None: built by hand) and, for hand-built
+    # copies, what the caller last saw.
+    marker: str | None = None
+    caller_update_time: float = 0.0
+    caller_last_event_id: str | None = None
+    # Locked appends are applied on top of what is stored and return the
+    # events the caller missed.
+    locked: bool = False
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """What an append did: the new record, or that it was a repeat."""
+
+    record: SessionRecord | None
+    duplicate: bool = False
+    missed_events: list[bytes] = field(default_factory=list)
+    # The stored maps after the append, for a locked append from a copy whose
+    # history is unknown (built by hand): replaying missed events cannot
+    # rebuild what it never read.
+    stored_state: LoadedSession | None = None
+
+
+def check_append(
+    record: SessionRecord | None, request: AppendRequest, stored_event: bytes | None
+) -> bool:
+    """Decide whether an append may proceed; return True for a repeat to skip.
+
+    A repeat (same id, equal content) is checked before staleness so that a
+    caller retrying an append whose answer it lost gets the same answer.
+    """
+    if record is None:
+        raise SessionNotFoundError(
+            f"session {request.session_id!r} of user {request.user_id!r} in app "
+            f"{request.app_name!r} does not exist"
+        )
+    if stored_event is not None:
+        if events_equal(stored_event, request.event):
+            return True
+        raise DuplicateEventError(
+            f"session {request.session_id!r} already stores an event with id "
+            f"{request.event_id!r} and other content"
+        )
+    if request.locked:
+        return False
+    if request.marker is not None:
+        if request.marker != record.marker:
+            raise StaleSessionError(
+                f"session {request.session_id!r} was read at revision {request.marker}, "
+                f"the store is at {record.marker}: read it again before appending"
+            )
+    elif (
+        record.last_update_time > request.caller_update_time
+        and record.last_event_id != request.caller_last_event_id
+    ):
+        raise StaleSessionError(
+            f"session {request.session_id!r} has events this copy does not have: "
+            "read it again before appending"
+        )
+    return False
+
+
+def needs_stored_state(request: AppendRequest) -> bool:
+    """Tell whether a locked append must hand back the whole stored state."""
+    return request.locked and request.marker is None
+
+
+def events_seen(
+    request: AppendRequest, record: SessionRecord, seq_of: Callable[[str], int | None]
+) -> int | None:
+    """Return how many stored events the caller's copy has, when that can be known.
+
+    A marker says it; a hand-built copy has seen up to its last event, looked
+    up by id with ``seq_of`` (none at all when it has no events).
+    """
+    if request.marker is not None:
+        number, _, count = request.marker.partition(":")
+        if number != str(record.number) or not count.isdigit():
+            return None
+        return int(count)
+    if request.caller_last_event_id is None:
+        return 0
+    seq = seq_of(request.caller_last_event_id)
+    return None if seq is None else seq + 1
+
+
+class Store(Protocol):
+    """The storage a ``SessionService`` runs on."""
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Completion[LoadedSession]:
+        """Store a new session and return it with the shared maps merged in.
+
+        AlreadyExistsError if the id is taken.
+        """
+        ...
+
+    def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session with the events the filters select, in append order."""
+        ...
+
+    def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return the records of an app's (or one user's) sessions, any order."""
+        ...
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
+        """Remove a session with its state and events; a missing one is a no-op."""
+        ...
+
+    def append(self, request: AppendRequest) -> Completion[AppendResult]:
+        """Append one event and apply its packed delta, all or nothing."""
+        ...
+
+    def append_many(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append a batch in order, in as few transactions as possible.
+
+        For replay and import. On an error the requests before the failing one
+        stay appended, and the error is raised.
+        """
+        ...
+
+    def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        ...
+
+    def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        ...
+
+    def flush(self) -> Completion[None]:
+        """Make every acknowledged write durable."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the store; later calls raise StoreClosedError."""
+        ...

@@ -1,0 +1,761 @@
+"""The durable default: sessions in an LMDB memory-mapped store.
+
+Layout (named sub-databases; ``part(x)`` is a length-prefixed UTF-8 id, or a
+marker and a BLAKE2b digest for ids over 150 bytes, which keeps every key
+under LMDB's 511-byte limit while ids may be 4 KiB):
+
+    meta      b"format" -> version byte + packed {"magic", "format"}
+              b"next_number" -> 8-byte counter of session numbers
+    sessions  part(app) part(user) part(session) -> packed SessionRecord
+    shared    b"a" part(app) part(key) -> packed value            (app state)
+              b"u" part(app) part(user) part(key) -> packed value (user state)
+    data      number b"e" seq -> 8-byte timestamp + event record
+              number b"i" part(event id) -> seq
+              number b"t" sortable(timestamp) seq -> b""
+              number b"s" part(key) -> packed value                (session state)
+
+``number`` is an 8-byte session number that is never reused, ``seq`` the
+8-byte position of an event in its session. Everything a session owns sits
+under its number in one database, so an append dirties few pages and a
+delete is one range. State is one record per key, so an append writes only
+the keys its delta touches. A state key stored under a digest keeps its full
+text in the value (``[key, packed value]``).
+
+Durability: with ``durability="sync"`` the environment commits with LMDB's
+own two-fsync protocol, and one writer thread commits the writes of all
+threads and tasks that queue while the disk syncs in one transaction (group
+commit). With ``"deferred"`` writes commit in the caller's thread without
+fsync and a background thread syncs every ``flush_interval`` seconds and on
+``flush()``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import lru_cache
+from hashlib import blake2b
+from itertools import islice
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import lmdb
+
+from ..codec import pack, unpack
+from ..errors import AlreadyExistsError, IncompatibleStoreError, StoreClosedError, StoreError
+from .base import (
+    AppendRequest,
+    AppendResult,
+    Completion,
+    Items,
+    LoadedSession,
+    SessionRecord,
+    check_append,
+    events_seen,
+    needs_stored_state,
+)
+
+__all__ = ["FORMAT_VERSION", "LmdbStore"]
+
+T = TypeVar("T")
+Durability = Literal["sync", "deferred"]
+
+FORMAT_VERSION = 1
+MAGIC = "sessionscope"
+DEFAULT_MAP_SIZE = 64 << 20
+_DB_NAMES = (b"meta", b"sessions", b"shared", b"data")
+_APP, _USER = b"a", b"u"
+_EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
+_FORMAT_KEY = b"format"
+_NUMBER_KEY = b"next_number"
+_RAW_PART_LIMIT = 150
+_DIGEST_MARK = b"\xff\xff"
+# The magic number at the start of every LMDB meta page (after the page header).
+_LMDB_MAGIC = 0xBEEFC0DE
+_MAX_BATCH = 1024
+_U64 = struct.Struct(">Q")
+_F64 = struct.Struct(">d")
+
+
+@lru_cache(maxsize=4096)
+def _part(text: str) -> bytes:
+    """Return the key part of an id: self-delimiting, so parts concatenate safely."""
+    raw = text.encode()
+    if len(raw) <= _RAW_PART_LIMIT:
+        return len(raw).to_bytes(2, "big") + raw
+    return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+
+
+def _sortable_time(timestamp: float) -> bytes:
+    """Return 8 bytes that sort as the float does (negatives included)."""
+    (bits,) = _U64.unpack(_F64.pack(timestamp))
+    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
+    return _U64.pack(bits)
+
+
+class _Gate:
+    """Let transactions run together, or the map be resized with none running.
+
+    LMDB may only change its map size while the process has no transaction
+    open; a resize waits for running ones and holds back new ones.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._resizing = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._active -= 1
+            if self._resizing and not self._active:
+                self._cond.notify_all()
+
+    def exclusive(self, action: Callable[[], None]) -> None:
+        """Run ``action`` while no transaction of this process is open."""
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            try:
+                while self._active:
+                    self._cond.wait()
+                action()
+            finally:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class LmdbStore:
+    """A durable store in one directory, shared safely by several processes."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "sync",
+        map_size: int = DEFAULT_MAP_SIZE,
+        flush_interval: float = 1.0,
+        file_mode: int = 0o600,
+        max_readers: int = 256,
+    ) -> None:
+        if durability not in ("sync", "deferred"):
+            raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
+        if not isinstance(map_size, int) or map_size <= 0:
+            raise ValueError(f"map_size must be a positive int, not {map_size!r}")
+        if not flush_interval > 0:
+            raise ValueError(f"flush_interval must be positive, not {flush_interval!r}")
+        self.path = Path(path)
+        self.durability: Durability = durability
+        self.flush_interval = flush_interval
+        self._closed = False
+        self._gate = _Gate()
+        try:
+            self._probe(self.path)
+        except lmdb.Error as error:
+            raise StoreError(
+                f"cannot open {self.path}: {error}",
+                hint="a process opens a store once: share the store object between services",
+            ) from error
+        if not self.path.exists():
+            # A directory needs the search bit wherever its files are readable.
+            self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
+        try:
+            self._env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=len(_DB_NAMES) + 2,
+                max_readers=max_readers,
+                max_spare_txns=16,
+                subdir=True,
+                sync=durability == "sync",
+                metasync=True,
+                readahead=False,
+                mode=file_mode,
+            )
+        except lmdb.InvalidError as error:
+            raise IncompatibleStoreError(
+                f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
+            ) from error
+        except lmdb.Error as error:
+            raise StoreError(
+                f"cannot open {self.path}: {error}",
+                hint="a process opens a store once: share the store object between services",
+            ) from error
+        try:
+            self._dbs = self._open_databases()
+        except BaseException:
+            self._env.close()
+            raise
+        self._writes: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None]
+        self._writer: threading.Thread | None = None
+        self._syncer: threading.Thread | None = None
+        self._sync_cond = threading.Condition()
+        self._sync_waiters: list[Future[None]] = []
+        self._dirty = False
+        if durability == "sync":
+            self._writes = queue.SimpleQueue()
+            self._writer = threading.Thread(
+                target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
+            )
+            self._writer.start()
+        else:
+            self._syncer = threading.Thread(
+                target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
+            )
+            self._syncer.start()
+
+    def __repr__(self) -> str:
+        return f"LmdbStore({str(self.path)!r}, durability={self.durability!r})"
+
+    @property
+    def uri(self) -> str:
+        """Return the URI ``open_store`` takes to open this store again."""
+        return f"lmdb://{self.path.resolve()}?durability={self.durability}"
+
+    # -- opening ---------------------------------------------------------
+
+    @staticmethod
+    def _probe(path: Path) -> None:
+        """Refuse a path that is not ours before LMDB creates or writes a file there."""
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise IncompatibleStoreError(
+                f"{path} is not a directory", hint="give the path of a store directory"
+            )
+        data = path / "data.mdb"
+        if not data.exists():
+            if any(entry != "lock.mdb" for entry in os.listdir(path)):
+                raise IncompatibleStoreError(
+                    f"{path} is not empty and holds no store",
+                    hint="pick an empty or new directory",
+                )
+            return
+        with open(data, "rb") as file:
+            header = file.read(20)
+        if len(header) < 20 or int.from_bytes(header[16:20], "little") != _LMDB_MAGIC:
+            raise IncompatibleStoreError(
+                f"{data} is not an LMDB file", hint="pick an empty or new directory"
+            )
+        # Read what the file holds without a lock file and without writing.
+        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+        try:
+            with env.begin() as txn:
+                names = [key for key, _ in txn.cursor()]
+                if names and b"meta" not in names:
+                    raise IncompatibleStoreError(
+                        f"{path} holds another LMDB database",
+                        hint="pick an empty or new directory",
+                    )
+                if names:
+                    meta = env.open_db(b"meta", txn=txn, create=False)
+                    _check_format(path, txn.get(_FORMAT_KEY, db=meta))
+        finally:
+            env.close()
+
+    def _open_databases(self) -> dict[bytes, Any]:
+        env = self._env
+        with env.begin(write=True) as txn:
+            if txn.cursor().first():
+                # Opening existing handles changes nothing on disk.
+                dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
+                _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
+            else:
+                dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
+                header = {"magic": MAGIC, "format": FORMAT_VERSION}
+                txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=dbs[b"meta"])
+                txn.put(_NUMBER_KEY, _U64.pack(1), db=dbs[b"meta"])
+        return dbs
+
+    # -- transactions ----------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
+
+    def _begin(self, write: bool = False, parent: Any = None) -> Any:
+        """Begin a transaction, adopting a map another process has grown."""
+        while True:
+            try:
+                return self._env.begin(write=write, parent=parent)
+            except lmdb.MapResizedError:
+                self._adopt_map_size()
+
+    def _adopt_map_size(self) -> None:
+        # The gate is held by the caller: leave it while the map is swapped.
+        self._gate.__exit__()
+        try:
+            self._gate.exclusive(lambda: self._env.set_mapsize(0))
+        finally:
+            self._gate.__enter__()
+
+    def _grow(self) -> None:
+        def double() -> None:
+            self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
+        self._gate.exclusive(double)
+
+    def _read(self, action: Callable[[Any], T]) -> T:
+        self._check_open()
+        with self._gate:
+            txn = self._begin()
+            try:
+                return action(txn)
+            finally:
+                txn.abort()
+
+    def _write(self, action: Callable[[Any], T]) -> Completion[T]:
+        """Run a write: queued for group commit, or inline without fsync."""
+        self._check_open()
+        if self._writer is not None:
+            future: Future[T] = Future()
+            self._writes.put((action, future))
+            return Completion.pending(future)
+        try:
+            return Completion.done(self._write_inline(action))
+        except Exception as error:  # handed to the caller
+            return Completion.failed(error)
+
+    def _write_inline(self, action: Callable[[Any], T]) -> T:
+        while True:
+            with self._gate:
+                txn = self._begin(write=True)
+                try:
+                    result = action(txn)
+                    txn.commit()
+                    self._dirty = True
+                    return result
+                except lmdb.MapFullError:
+                    txn.abort()
+                except BaseException:
+                    txn.abort()
+                    raise
+            self._grow()
+
+    def _write_loop(self) -> None:
+        """Commit queued writes, as many per transaction as are waiting."""
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < _MAX_BATCH:
+                try:
+                    item = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._commit_batch(batch)
+            if stop:
+                return
+
+    def _commit_batch(self, batch: list[tuple[Callable[[Any], Any], Future[Any]]]) -> None:
+        while True:
+            outcomes: list[tuple[bool, Any]] = []
+            try:
+                with self._gate:
+                    txn = self._begin(write=True)
+                    try:
+                        for action, _ in batch:
+                            outcomes.append(self._run_nested(txn, action, len(batch) > 1))
+                        if any(ok for ok, _ in outcomes):
+                            txn.commit()
+                        else:
+                            txn.abort()
+                    except BaseException:
+                        txn.abort()
+                        raise
+            except lmdb.MapFullError:
+                self._grow()
+                continue
+            except BaseException as error:  # every waiter must hear of it
+                outcomes = [(False, error)] * len(batch)
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            return
+
+    def _run_nested(self, txn: Any, action: Callable[[Any], Any], nest: bool) -> tuple[bool, Any]:
+        """Run one write of a batch; its failure must not undo the others."""
+        child = self._begin(write=True, parent=txn) if nest else txn
+        try:
+            result = action(child)
+        except lmdb.MapFullError:
+            raise
+        except Exception as error:  # this write's own outcome
+            if nest:
+                child.abort()
+            return False, error
+        if nest:
+            child.commit()
+        return True, result
+
+    def _sync_loop(self) -> None:
+        """Sync deferred writes every interval, and at once when asked."""
+        while True:
+            with self._sync_cond:
+                if not self._sync_waiters and not self._closed:
+                    self._sync_cond.wait(self.flush_interval)
+                waiters, self._sync_waiters = self._sync_waiters, []
+                closing = self._closed
+            error: BaseException | None = None
+            if self._dirty or waiters:
+                self._dirty = False
+                try:
+                    with self._gate:
+                        self._env.sync(True)
+                except BaseException as failure:  # reported to flushers
+                    error = failure
+            for waiter in waiters:
+                if error is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(error)
+            if closing:
+                return
+
+    # -- records ---------------------------------------------------------
+
+    def _record(
+        self, txn: Any, app_name: str, user_id: str, session_id: str
+    ) -> SessionRecord | None:
+        data = txn.get(
+            _part(app_name) + _part(user_id) + _part(session_id), db=self._dbs[b"sessions"]
+        )
+        if data is None:
+            return None
+        record = SessionRecord.from_list(unpack(data))
+        if (record.app_name, record.user_id, record.session_id) != (app_name, user_id, session_id):
+            raise StoreError("two session ids share a digest", hint="report this as a bug")
+        return record
+
+    def _put_record(self, txn: Any, record: SessionRecord) -> None:
+        key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
+        txn.put(key, pack(record.to_list()), db=self._dbs[b"sessions"])
+
+    def _put_items(self, txn: Any, db: bytes, owner: bytes, items: Items) -> None:
+        handle = self._dbs[db]
+        for key, value in items:
+            part = _part(key)
+            if part[:2] == _DIGEST_MARK:
+                value = pack([key, value])
+            txn.put(owner + part, value, db=handle)
+
+    def _read_map(self, txn: Any, db: bytes, owner: bytes) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        cursor = txn.cursor(db=self._dbs[db])
+        if not cursor.set_range(owner):
+            return result
+        start = len(owner)
+        for key, value in cursor.iternext():
+            if not key.startswith(owner):
+                break
+            if key[start : start + 2] == _DIGEST_MARK:
+                name, value = unpack(value)
+                result[name] = unpack(value)
+            else:
+                result[key[start + 2 :].decode()] = unpack(value)
+        return result
+
+    def _events(self, txn: Any, number: bytes, start: int, stop: int) -> list[bytes]:
+        """Return the records of events ``start`` to ``stop`` (exclusive)."""
+        if start >= stop:
+            return []
+        cursor = txn.cursor(db=self._dbs[b"data"])
+        if not cursor.set_key(number + _EVENT + _U64.pack(start)):
+            raise StoreError(f"event {start} of a session is missing", hint="the store is damaged")
+        return [value[8:] for value in islice(cursor.iternext(keys=False), stop - start)]
+
+    def _events_after(
+        self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
+    ) -> list[bytes]:
+        cursor = txn.cursor(db=self._dbs[b"data"])
+        if num_recent is not None:
+            # The last n first, then the filter: a timestamp leads each value.
+            start = max(0, count - num_recent)
+            if start >= count or not cursor.set_key(number + _EVENT + _U64.pack(start)):
+                return []
+            values = islice(cursor.iternext(keys=False), count - start)
+            return [v[8:] for v in values if _F64.unpack_from(v)[0] >= after]
+        # Only the index entries at or after the time are read.
+        prefix = number + _EVENT_TIME
+        seqs: list[bytes] = []
+        if cursor.set_range(prefix + _sortable_time(after)):
+            for key in cursor.iternext(values=False):
+                if not key.startswith(prefix):
+                    break
+                seqs.append(key[17:25])
+        seqs.sort()
+        event = number + _EVENT
+        return [cursor.get(event + seq)[8:] for seq in seqs]
+
+    # -- the Store protocol ----------------------------------------------
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Completion[LoadedSession]:
+        """Store a new session and return it with the shared maps merged in.
+
+        AlreadyExistsError if the id is taken.
+        """
+
+        def create(txn: Any) -> LoadedSession:
+            if self._record(txn, app_name, user_id, session_id) is not None:
+                raise AlreadyExistsError(f"session {session_id!r} already exists")
+            meta = self._dbs[b"meta"]
+            (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
+            record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
+            self._put_record(txn, record)
+            self._put_items(txn, b"data", _U64.pack(number) + _STATE, session_items)
+            self._put_items(txn, b"shared", _APP + _part(app_name), app_items)
+            self._put_items(txn, b"shared", _USER + _part(app_name) + _part(user_id), user_items)
+            return self._loaded(txn, record, [])
+
+        return self._write(create)
+
+    def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session with the events the filters select, in append order."""
+
+        def load(txn: Any) -> LoadedSession | None:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                return None
+            number = _U64.pack(record.number)
+            count = record.event_count
+            if after_timestamp is not None:
+                events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
+            elif num_recent_events is not None:
+                events = self._events(txn, number, max(0, count - num_recent_events), count)
+            else:
+                events = self._events(txn, number, 0, count)
+            return self._loaded(txn, record, events)
+
+        return self._read(load)
+
+    def _loaded(self, txn: Any, record: SessionRecord, events: list[bytes]) -> LoadedSession:
+        app = _part(record.app_name)
+        return LoadedSession(
+            record,
+            self._read_map(txn, b"data", _U64.pack(record.number) + _STATE),
+            self._read_map(txn, b"shared", _APP + app),
+            self._read_map(txn, b"shared", _USER + app + _part(record.user_id)),
+            events,
+        )
+
+    def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return the records of an app's (or one user's) sessions, in key order."""
+        prefix = _part(app_name) + (_part(user_id) if user_id is not None else b"")
+
+        def scan(txn: Any) -> list[SessionRecord]:
+            cursor = txn.cursor(db=self._dbs[b"sessions"])
+            records: list[SessionRecord] = []
+            if cursor.set_range(prefix):
+                for key, value in cursor.iternext():
+                    if not key.startswith(prefix):
+                        break
+                    records.append(SessionRecord.from_list(unpack(value)))
+            return records
+
+        return self._read(scan)
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
+        """Remove a session with its state and events; a missing one is a no-op."""
+
+        def delete(txn: Any) -> None:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                return
+            key = _part(app_name) + _part(user_id) + _part(session_id)
+            txn.delete(key, db=self._dbs[b"sessions"])
+            prefix = _U64.pack(record.number)
+            cursor = txn.cursor(db=self._dbs[b"data"])
+            if cursor.set_range(prefix):
+                # delete() moves the cursor to the next entry, or past the end.
+                while cursor.key().startswith(prefix) and cursor.delete():
+                    pass
+
+        return self._write(delete)
+
+    def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
+        record = self._record(txn, request.app_name, request.user_id, request.session_id)
+        data = self._dbs[b"data"]
+        stored = None
+        if record is not None:
+            number = _U64.pack(record.number)
+            id_key = number + _EVENT_ID + _part(request.event_id)
+            seq = txn.get(id_key, db=data)
+            if seq is not None:
+                stored = txn.get(number + _EVENT + seq, db=data)[8:]
+        if check_append(record, request, stored):
+            return AppendResult(None, duplicate=True)
+        assert record is not None
+        missed: list[bytes] = []
+        if request.locked:
+
+            def seq_of(event_id: str) -> int | None:
+                seq = txn.get(number + _EVENT_ID + _part(event_id), db=data)
+                return None if seq is None else int(_U64.unpack(seq)[0])
+
+            known = events_seen(request, record, seq_of)
+            if known is not None:
+                missed = self._events(txn, number, known, record.event_count)
+        if request.app_items or request.user_items:
+            app = _part(request.app_name)
+            self._put_items(txn, b"shared", _APP + app, request.app_items)
+            owner = _USER + app + _part(request.user_id)
+            self._put_items(txn, b"shared", owner, request.user_items)
+        if request.session_items:
+            self._put_items(txn, b"data", number + _STATE, request.session_items)
+        seq = _U64.pack(record.event_count)
+        txn.put(number + _EVENT + seq, _F64.pack(request.timestamp) + request.event, db=data)
+        txn.put(id_key, seq, db=data)
+        time_key = number + _EVENT_TIME + _sortable_time(request.timestamp) + seq
+        txn.put(time_key, b"", db=data)
+        record.event_count += 1
+        record.last_update_time = request.timestamp
+        record.last_event_id = request.event_id
+        self._put_record(txn, record)
+        result = AppendResult(record, missed_events=missed)
+        if needs_stored_state(request):
+            result.stored_state = self._loaded(txn, record, [])
+        return result
+
+    def append(self, request: AppendRequest) -> Completion[AppendResult]:
+        """Append one event and apply its packed delta, all or nothing."""
+        return self._write(lambda txn: self._append(txn, request))
+
+    def append_many(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append a batch in one transaction; on an error, commit those before it."""
+
+        def append_all(txn: Any) -> list[AppendResult]:
+            results: list[AppendResult] = []
+            for request in requests:
+                try:
+                    results.append(self._append(txn, request))
+                except lmdb.MapFullError:
+                    raise
+                except Exception as error:
+                    raise _PartialBatch(len(results), error) from error
+            return results
+
+        completion = self._write(append_all)
+        try:
+            return Completion.done(completion.result())
+        except _PartialBatch as partial:
+            if partial.applied:
+                self.append_many(requests[: partial.applied]).result()
+            return Completion.failed(partial.error)
+
+    def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        return self._read(lambda txn: self._read_map(txn, b"shared", _APP + _part(app_name)))
+
+    def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        owner = _USER + _part(app_name) + _part(user_id)
+        return self._read(lambda txn: self._read_map(txn, b"shared", owner))
+
+    def flush(self) -> Completion[None]:
+        """Make every acknowledged write durable."""
+        self._check_open()
+        if self._syncer is None:
+            return Completion.done(None)
+        future: Future[None] = Future()
+        with self._sync_cond:
+            self._sync_waiters.append(future)
+            self._sync_cond.notify()
+        return Completion.pending(future)
+
+    def close(self) -> None:
+        """Flush, stop the background thread and release the environment."""
+        if self._closed:
+            return
+        if self._writer is not None:
+            # Closed first, so that no write is queued behind the stop mark.
+            self._closed = True
+            self._writes.put(None)
+            self._writer.join()
+        if self._syncer is not None:
+            with self._sync_cond:
+                self._closed = True
+                self._sync_cond.notify()
+            self._syncer.join()
+            self._env.sync(True)
+        self._closed = True
+        self._env.close()
+
+    def stat(self) -> dict[str, Any]:
+        """Return LMDB's figures: map size, pages used, entries per database."""
+
+        def gather(txn: Any) -> dict[str, Any]:
+            info = self._env.info()
+            return {
+                "map_size": info["map_size"],
+                "last_pgno": info["last_pgno"],
+                "entries": {
+                    name.decode(): txn.stat(self._dbs[name])["entries"] for name in _DB_NAMES
+                },
+            }
+
+        return self._read(gather)
+
+
+class _PartialBatch(Exception):
+    """Carries how many requests of a batch succeeded before one failed."""
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(applied, error)
+        self.applied = applied
+        self.error = error
+
+
+def _check_format(path: Path, header: bytes | None) -> None:
+    """Refuse a store of another format; say which."""
+    if header is None:
+        raise IncompatibleStoreError(
+            f"{path} holds an LMDB database without a format record",
+            hint="pick an empty or new directory",
+        )
+    fields = unpack(header[1:]) if header[:1] else {}
+    if not isinstance(fields, dict) or fields.get("magic") != MAGIC:
+        raise IncompatibleStoreError(
+            f"{path} holds another LMDB database", hint="pick another path"
+        )
+    version = fields.get("format")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise IncompatibleStoreError(
+            f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
+            hint="upgrade sessionscope",
+        )
