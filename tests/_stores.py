@@ -1,0 +1,211 @@
+"""Store fixtures and helpers shared by the service and store test modules.
+
+Test modules import the fixtures they use from here (``tests/conftest.py``
+belongs to the core tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from sessionscope import (
+    Event,
+    EventActions,
+    LmdbStore,
+    MemoryStore,
+    SessionService,
+    SyncSessionService,
+)
+from sessionscope.errors import StoreClosedError
+
+T = TypeVar("T")
+
+STORE_KINDS = ("memory", "lmdb-sync", "lmdb-deferred")
+LMDB_KINDS = ("lmdb-sync", "lmdb-deferred")
+
+APP = "app"
+USER = "user"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+def _close_quietly(obj: Any) -> None:
+    """Close a store that may already have been closed through its service."""
+    with contextlib.suppress(StoreClosedError):
+        result = obj.close()
+        if asyncio.iscoroutine(result):
+            run(result)
+
+
+class StoreFactory:
+    """Open stores of one kind at one path, and close them all at teardown."""
+
+    def __init__(self, kind: str, base: Path) -> None:
+        self.kind = kind
+        self.path = base / "store"
+        self._opened: list[Any] = []
+
+    @property
+    def persistent(self) -> bool:
+        """Return whether reopening the path gives back what was written."""
+        return self.kind != "memory"
+
+    @property
+    def durability(self) -> str:
+        """Return the durability mode of the LMDB kinds."""
+        return "deferred" if self.kind == "lmdb-deferred" else "sync"
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Open a new store (a fresh one for memory, the same path for LMDB)."""
+        if self.kind == "memory":
+            store: Any = MemoryStore()
+        else:
+            kwargs.setdefault("durability", self.durability)
+            store = LmdbStore(self.path, **kwargs)
+        self._opened.append(store)
+        return store
+
+    def fresh(self, name: str, **kwargs: Any) -> Any:
+        """Open a new, empty store of the same kind (LMDB: at a sibling path)."""
+        if self.kind == "memory":
+            return self(**kwargs)
+        kwargs.setdefault("durability", self.durability)
+        store = LmdbStore(self.path.with_name(name), **kwargs)
+        self._opened.append(store)
+        return store
+
+    def reopen(self, **kwargs: Any) -> Any:
+        """Open the same LMDB path again; only for the persistent kinds."""
+        assert self.persistent, "a memory store cannot be reopened"
+        return self(**kwargs)
+
+    def close_all(self) -> None:
+        """Close every store this factory opened."""
+        while self._opened:
+            _close_quietly(self._opened.pop())
+
+
+def reopen_lmdb(path: Path, **kwargs: Any) -> Any:
+    """Open an existing LMDB store path again (the caller closes it)."""
+    return LmdbStore(path, **kwargs)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Yield a factory of stores of one kind, all closed afterwards."""
+    factory = StoreFactory(request.param, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
+
+
+@pytest.fixture(params=LMDB_KINDS)
+def lmdb_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Yield a factory of LMDB stores (both durabilities), all closed afterwards."""
+    factory = StoreFactory(request.param, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
+
+
+@pytest.fixture
+def svc(store_factory: StoreFactory) -> SyncSessionService:
+    """Return a synchronous service over a fresh store."""
+    return SyncSessionService(store_factory())
+
+
+@pytest.fixture
+def asvc(store_factory: StoreFactory) -> SessionService:
+    """Return an asynchronous service over a fresh store."""
+    return SessionService(store_factory())
+
+
+# Helpers shared by the test modules.
+
+
+def ev(
+    *,
+    delta: dict[str, Any] | None = None,
+    content: Any = None,
+    ts: float | None = None,
+    author: str = "agent",
+    **fields: Any,
+) -> Event:
+    """Build an event with an optional state delta and timestamp."""
+    if ts is not None:
+        fields["timestamp"] = ts
+    return Event(
+        author=author,
+        content=content,
+        actions=EventActions(state_delta=dict(delta or {})),
+        **fields,
+    )
+
+
+def clone(obj: T) -> T:
+    """Return a deep copy (an equal, unshared object)."""
+    return copy.deepcopy(obj)
+
+
+def event_ids(session: Any) -> list[str]:
+    """Return the ids of a session's events, in order."""
+    return [e.id for e in session.events]
+
+
+def as_plain(obj: Any) -> Any:
+    """Return a dataclass tree as plain dicts, for comparisons and messages."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [as_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: as_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def list_all(list_page: Callable[..., Any], **kwargs: Any) -> list[Any]:
+    """Follow next_cursor through every page of a listing (bounded)."""
+    out: list[Any] = []
+    cursor = None
+    for _ in range(10_000):
+        page = list_page(cursor=cursor, **kwargs)
+        out.extend(page.sessions)
+        cursor = page.next_cursor
+        if cursor is None:
+            return out
+    raise AssertionError("listing did not end within 10000 pages")
+
+
+def snapshot_dir(path: Path) -> dict[str, tuple[str, int, int]]:
+    """Return {relative name: (sha256, size, mtime_ns)} of every file under path."""
+    out: dict[str, tuple[str, int, int]] = {}
+    if path.is_file():
+        st = path.stat()
+        return {".": (hashlib.sha256(path.read_bytes()).hexdigest(), st.st_size, st.st_mtime_ns)}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = Path(root) / name
+            st = p.stat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()
+            out[str(p.relative_to(path))] = (digest, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def read_store_bytes(path: Path) -> bytes:
+    """Return the concatenated bytes of every file of a store directory."""
+    return b"".join(p.read_bytes() for p in sorted(path.iterdir()) if p.is_file())

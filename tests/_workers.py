@@ -1,0 +1,223 @@
+"""Child-process entry points for the multi-process tests.
+
+Run as ``python _workers.py COMMAND ARGS...``. Each command opens the store
+itself (never inherits an open environment), answers on stdout one line at a
+time (flushed), and exits 0 when done. Every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
+
+MAX_SECONDS = 90.0
+
+
+def _say(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _wait_for(path: Path, deadline: float) -> None:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.005)
+
+
+def dump(path: str, app: str, user: str, sid: str) -> None:
+    """Print the session's event ids and state as one JSON line."""
+    with SyncSessionService(LmdbStore(path)) as svc:
+        s = svc.get_session(app_name=app, user_id=user, session_id=sid)
+        if s is None:
+            _say(json.dumps(None))
+            return
+        answer = {
+            "ids": [e.id for e in s.events],
+            "state": _jsonable(s.state),
+            "revision": s.revision,
+        }
+        _say(json.dumps(answer))
+
+
+def kill_append(path: str, app: str, user: str, sid: str, durability: str = "sync") -> None:
+    """Append events forever (bounded); print each event id once its append returned.
+
+    With deferred durability, also flush every 7 events and say "flushed".
+    """
+    deadline = time.monotonic() + MAX_SECONDS
+    with SyncSessionService(LmdbStore(path, durability=durability)) as svc:
+        s = svc.get_session(app_name=app, user_id=user, session_id=sid)
+        if s is None:
+            s = svc.create_session(app_name=app, user_id=user, session_id=sid)
+        _say("ready", s.revision)
+        for i in range(1_000_000):
+            if time.monotonic() > deadline:
+                break
+            e = Event(author="child", content={"i": i, "pad": "x" * (i % 300)})
+            e.actions = EventActions(state_delta={"last": e.id, "user:seen": i})
+            svc.append_event(s, e)
+            _say(e.id)
+            if durability == "deferred" and i % 7 == 6:
+                svc.flush()
+                _say("flushed")
+
+
+def concurrent(path: str, app: str, user: str, shared_sid: str, idx: str, n: str, go: str) -> None:
+    """Append N locked events to a shared session and N to an own session."""
+    me, count = int(idx), int(n)
+    deadline = time.monotonic() + MAX_SECONDS
+    with SyncSessionService(LmdbStore(path, durability="sync")) as svc:
+        shared = svc.get_session(app_name=app, user_id=user, session_id=shared_sid)
+        assert shared is not None
+        own = svc.create_session(app_name=app, user_id=user, session_id=f"own-{me}")
+        _say("ready")
+        _wait_for(Path(go), deadline)
+        for i in range(count):
+            if time.monotonic() > deadline:
+                raise SystemExit("concurrent worker ran out of time")
+            delta = {
+                f"app:count_{me}": shared.state.get(f"app:count_{me}", 0) + 1,
+                f"user:count_{me}": shared.state.get(f"user:count_{me}", 0) + 1,
+                f"count_{me}": shared.state.get(f"count_{me}", 0) + 1,
+            }
+            svc.append_event_locked(
+                shared,
+                Event(
+                    author=f"w{me}",
+                    content={"w": me, "i": i},
+                    actions=EventActions(state_delta=delta),
+                ),
+            )
+            svc.append_event_locked(
+                own,
+                Event(
+                    author=f"w{me}",
+                    content={"w": me, "i": i},
+                    actions=EventActions(state_delta={"own": own.state.get("own", 0) + 1}),
+                ),
+            )
+        _say("done")
+
+
+def append_one(path: str, app: str, user: str, sid: str, event_id: str) -> None:
+    """Read the session, append one event with the given id, print its revision."""
+    with SyncSessionService(LmdbStore(path)) as svc:
+        s = svc.get_session(app_name=app, user_id=user, session_id=sid)
+        assert s is not None
+        svc.append_event(s, Event(id=event_id, actions=EventActions(state_delta={"by": "child"})))
+        _say(json.dumps({"revision": s.revision}))
+
+
+def stale_reader(path: str, app: str, user: str, sid: str, go: str) -> None:
+    """Read a session, wait for go, then append from the old copy; report the outcome."""
+    deadline = time.monotonic() + MAX_SECONDS
+    with SyncSessionService(LmdbStore(path)) as svc:
+        s = svc.get_session(app_name=app, user_id=user, session_id=sid)
+        assert s is not None
+        _say("ready")
+        _wait_for(Path(go), deadline)
+        try:
+            svc.append_event(s, Event(actions=EventActions(state_delta={"by": "stale"})))
+        except Exception as exc:  # reported to the parent
+            _say(json.dumps({"error": type(exc).__name__}))
+        else:
+            _say(json.dumps({"error": None}))
+
+
+def grow_child(path: str, app: str, user: str, sid: str) -> None:
+    """Open with a 1 MiB map, wait while the parent grows it, then read and write."""
+    deadline = time.monotonic() + MAX_SECONDS
+    with SyncSessionService(LmdbStore(path, map_size=1 << 20)) as svc:
+        svc.create_session(app_name=app, user_id=user, session_id="child")
+        _say("ready")
+        line = sys.stdin.readline()
+        if line.strip() != "go":
+            raise SystemExit(f"unexpected {line!r}")
+        big = svc.get_session(app_name=app, user_id=user, session_id=sid)
+        assert big is not None
+        sizes = [len(e.content) for e in big.events]
+        child = svc.get_session(app_name=app, user_id=user, session_id="child")
+        assert child is not None
+        ids = []
+        for i in range(40):
+            if time.monotonic() > deadline:
+                raise SystemExit("grow child ran out of time")
+            e = Event(content=bytes([i % 256]) * (64 * 1024))
+            svc.append_event(child, e)
+            ids.append(e.id)
+        _say(json.dumps({"events": len(sizes), "bytes": sum(sizes), "ids": ids}))
+
+
+def no_pickle(path: str) -> None:
+    """Run every operation on both services and stores; report whether pickle was imported."""
+    import asyncio
+
+    from sessionscope import MemoryStore, SessionService
+
+    def scenario(svc: Any) -> None:
+        s = svc.create_session(
+            app_name="a", user_id="u", state={"k": [1, {"b": b"x"}], "app:a": 1, "user:u": 2}
+        )
+        svc.append_event(s, Event(content={"t": (1, 2)}, actions=EventActions({"x": None})))
+        svc.append_event_locked(s, Event(actions=EventActions({"temp:t": 1, "y": 1.5})))
+        svc.get_session(app_name="a", user_id="u", session_id=s.id)
+        svc.list_sessions(app_name="a", limit=1)
+        svc.get_user_state(app_name="a", user_id="u")
+        svc.get_app_state(app_name="a")
+        svc.delete_session(app_name="a", user_id="u", session_id=s.id)
+        svc.flush()
+
+    class Blocking:
+        def __init__(self, inner: Any, loop: asyncio.AbstractEventLoop) -> None:
+            self.inner, self.loop = inner, loop
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self.inner, name)
+            return lambda *a, **k: self.loop.run_until_complete(method(*a, **k))
+
+    for store in (
+        MemoryStore(),
+        LmdbStore(path + "-sync"),
+        LmdbStore(path + "-deferred", durability="deferred"),
+    ):
+        with SyncSessionService(store) as svc:
+            scenario(svc)
+    loop = asyncio.new_event_loop()
+    try:
+        for store in (MemoryStore(), LmdbStore(path + "-async")):
+            asvc = SessionService(store)
+            scenario(Blocking(asvc, loop))
+            loop.run_until_complete(asvc.close())
+    finally:
+        loop.close()
+    _say(json.dumps(sorted(m for m in sys.modules if "pickle" in m)))
+
+
+COMMANDS = {
+    "dump": dump,
+    "kill_append": kill_append,
+    "concurrent": concurrent,
+    "append_one": append_one,
+    "stale_reader": stale_reader,
+    "grow_child": grow_child,
+    "no_pickle": no_pickle,
+}
+
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
