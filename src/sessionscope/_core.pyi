@@ -1,0 +1,47 @@
+"""Stub of the compiled scope core; the pure-Python twin holds the same signatures."""
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from sessionscope._core_py import APP_PREFIX as APP_PREFIX
+from sessionscope._core_py import KEY_PREFIX_APP as KEY_PREFIX_APP
+from sessionscope._core_py import KEY_PREFIX_TEMP as KEY_PREFIX_TEMP
+from sessionscope._core_py import KEY_PREFIX_USER as KEY_PREFIX_USER
+from sessionscope._core_py import MAX_DEPTH as MAX_DEPTH
+from sessionscope._core_py import TEMP_PREFIX as TEMP_PREFIX
+from sessionscope._core_py import USER_PREFIX as USER_PREFIX
+from sessionscope._core_py import Scope as Scope
+
+__all__ = [
+    "APP_PREFIX",
+    "KEY_PREFIX_APP",
+    "KEY_PREFIX_TEMP",
+    "KEY_PREFIX_USER",
+    "MAX_DEPTH",
+    "TEMP_PREFIX",
+    "USER_PREFIX",
+    "Scope",
+    "apply_delta",
+    "check_delta",
+    "check_storable",
+    "merge_scopes",
+    "partition_by_scope",
+    "partition_checked",
+    "scope_of",
+    "trim_temp_keys",
+]
+
+def scope_of(key: str) -> Scope: ...
+def partition_by_scope(
+    delta: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]: ...
+def partition_checked(
+    delta: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]: ...
+def trim_temp_keys(delta: Mapping[str, Any]) -> dict[str, Any]: ...
+def merge_scopes(
+    app: Mapping[str, Any], user: Mapping[str, Any], session: Mapping[str, Any]
+) -> dict[str, Any]: ...
+def apply_delta(state: MutableMapping[str, Any], delta: Mapping[str, Any]) -> None: ...
+def check_storable(value: object, path: str) -> None: ...
+def check_delta(delta: Mapping[str, Any], root: str = "state") -> None: ...

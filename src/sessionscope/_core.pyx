@@ -1,0 +1,499 @@
+# cython: language_level=3, embedsignature=True
+"""Route state keys by scope prefix and validate storable values, compiled.
+
+The hot path of every append. Behaviour, messages and exception types match
+the pure-Python twin ``sessionscope._core_py`` exactly; the twin also owns the
+prefix constants and the ``Scope`` enum, so both modules hand out the same
+enum members.
+"""
+
+from cpython.bool cimport PyBool_Check
+from cpython.bytes cimport PyBytes_Check, PyBytes_CheckExact
+from cpython.dict cimport PyDict_Check, PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_SetItem
+from cpython.float cimport PyFloat_Check, PyFloat_CheckExact
+from cpython.list cimport PyList_Check, PyList_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_Check, PyLong_CheckExact
+from cpython.object cimport PyObject_SetItem
+from cpython.ref cimport PyObject
+from cpython.tuple cimport PyTuple_Check, PyTuple_CheckExact
+from cpython.unicode cimport (
+    PyUnicode_1BYTE_DATA,
+    PyUnicode_Check,
+    PyUnicode_CheckExact,
+    PyUnicode_Concat,
+    PyUnicode_GET_LENGTH,
+    PyUnicode_New,
+    PyUnicode_READ_CHAR,
+    PyUnicode_Substring,
+)
+from libc.string cimport memcpy
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+
+
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX < 0x030C0000
+    #define sessionscope_str_ready(o) PyUnicode_READY(o)
+    #else
+    #define sessionscope_str_ready(o) 0
+    #endif
+    """
+    int _str_ready "sessionscope_str_ready" (object o) except -1
+
+from sessionscope._core_py import (
+    APP_PREFIX,
+    KEY_PREFIX_APP,
+    KEY_PREFIX_TEMP,
+    KEY_PREFIX_USER,
+    MAX_DEPTH,
+    TEMP_PREFIX,
+    USER_PREFIX,
+    Scope,
+)
+from sessionscope.errors import StateValueError
+
+__all__ = [
+    "APP_PREFIX",
+    "KEY_PREFIX_APP",
+    "KEY_PREFIX_TEMP",
+    "KEY_PREFIX_USER",
+    "MAX_DEPTH",
+    "TEMP_PREFIX",
+    "USER_PREFIX",
+    "Scope",
+    "apply_delta",
+    "check_delta",
+    "check_storable",
+    "merge_scopes",
+    "partition_by_scope",
+    "partition_checked",
+    "scope_of",
+    "trim_temp_keys",
+]
+
+# Scope codes of the C-level helpers; the enum members are looked up once.
+cdef enum:
+    _SESSION = 0
+    _APP = 1
+    _USER = 2
+    _TEMP = 3
+
+cdef object _SCOPE_APP = Scope.APP
+cdef object _SCOPE_USER = Scope.USER
+cdef object _SCOPE_SESSION = Scope.SESSION
+cdef object _SCOPE_TEMP = Scope.TEMP
+
+cdef str _APP_PREFIX = APP_PREFIX
+cdef str _USER_PREFIX = USER_PREFIX
+cdef int _MAX_DEPTH = MAX_DEPTH
+
+# msgpack stores integers as int64 or uint64: this is the top of the range.
+cdef object _UINT64_MAX = 2**64 - 1
+
+if (APP_PREFIX, USER_PREFIX, TEMP_PREFIX) != ("app:", "user:", "temp:"):
+    # _scope_code() spells the prefixes out character by character.
+    raise ImportError("sessionscope._core is out of step with sessionscope._core_py")
+
+
+cdef inline int _scope_code(object key) noexcept:
+    # The key is a str. Comparing characters in place avoids building a
+    # bound method and a prefix object per key, which is most of the time
+    # str.startswith() takes.
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(key)
+    if n < 4:
+        return _SESSION
+    cdef Py_UCS4 c = PyUnicode_READ_CHAR(key, 0)
+    if c == u'a':
+        if (
+            PyUnicode_READ_CHAR(key, 1) == u'p'
+            and PyUnicode_READ_CHAR(key, 2) == u'p'
+            and PyUnicode_READ_CHAR(key, 3) == u':'
+        ):
+            return _APP
+    elif c == u'u':
+        if (
+            n >= 5
+            and PyUnicode_READ_CHAR(key, 1) == u's'
+            and PyUnicode_READ_CHAR(key, 2) == u'e'
+            and PyUnicode_READ_CHAR(key, 3) == u'r'
+            and PyUnicode_READ_CHAR(key, 4) == u':'
+        ):
+            return _USER
+    elif c == u't':
+        if (
+            n >= 5
+            and PyUnicode_READ_CHAR(key, 1) == u'e'
+            and PyUnicode_READ_CHAR(key, 2) == u'm'
+            and PyUnicode_READ_CHAR(key, 3) == u'p'
+            and PyUnicode_READ_CHAR(key, 4) == u':'
+        ):
+            return _TEMP
+    return _SESSION
+
+
+cdef inline bint _is_str(object key) except -1:
+    # Before 3.12 a str built through the legacy Py_UNICODE API must be made
+    # ready before its characters are read in place.
+    if PyUnicode_Check(key):
+        _str_ready(key)
+        return True
+    return False
+
+
+cdef inline bint _is_plain(object value) noexcept:
+    # Exact types first: nearly every value is one of them.
+    return (
+        PyUnicode_CheckExact(value)
+        or PyFloat_CheckExact(value)
+        or value is None
+        or PyBool_Check(value)
+        or PyBytes_CheckExact(value)
+    )
+
+
+cdef object _key_error(object label, object key):
+    return StateValueError(f"{label} key {key!r} is not a str")
+
+
+cdef inline object _unprefixed(object key, int code):
+    cdef Py_ssize_t skip = 4 if code == _APP else 5
+    cdef Py_ssize_t size = PyUnicode_GET_LENGTH(key) - skip
+    cdef object out
+    if PyUnicode_IS_ASCII(key):
+        # Most keys are ASCII: one allocation and a memcpy, without the
+        # generic kind and width handling of PyUnicode_Substring().
+        out = PyUnicode_New(size, 127)
+        memcpy(PyUnicode_1BYTE_DATA(out), PyUnicode_1BYTE_DATA(key) + skip, size)
+        return out
+    return PyUnicode_Substring(key, skip, skip + size)
+
+
+cdef inline object _prefixed(str prefix, object key):
+    # The prefixes are ASCII; see _unprefixed() for the fast path.
+    cdef Py_ssize_t head
+    cdef Py_ssize_t size
+    cdef object out
+    if PyUnicode_IS_ASCII(key):
+        head = PyUnicode_GET_LENGTH(prefix)
+        size = PyUnicode_GET_LENGTH(key)
+        out = PyUnicode_New(head + size, 127)
+        memcpy(PyUnicode_1BYTE_DATA(out), PyUnicode_1BYTE_DATA(prefix), head)
+        memcpy(PyUnicode_1BYTE_DATA(out) + head, PyUnicode_1BYTE_DATA(key), size)
+        return out
+    return PyUnicode_Concat(prefix, key)
+
+
+# A failed check is a list: the message first, then the path steps from the
+# innermost outwards. The path is only formatted when a value is refused.
+
+cdef object _check_int(object value):
+    cdef int overflow = 0
+    PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:
+        return None
+    # Above the int64 range: still storable as uint64.
+    if overflow > 0 and value <= _UINT64_MAX:
+        return None
+    return [f"int {value} is out of the 64-bit range"]
+
+
+cdef object _check(object value, int depth):
+    if _is_plain(value):
+        return None
+    if PyLong_CheckExact(value):
+        return _check_int(value)
+    if PyDict_Check(value) or PyList_Check(value) or PyTuple_Check(value):
+        if depth >= _MAX_DEPTH:
+            return [f"{type(value).__name__} is nested too deeply (over {MAX_DEPTH} levels)"]
+        if PyDict_Check(value):
+            return _check_dict(value, depth + 1)
+        return _check_items(value, depth + 1)
+    if PyUnicode_Check(value) or PyFloat_Check(value) or PyBytes_Check(value):
+        return None
+    if PyLong_Check(value):
+        return _check_int(value)
+    return [f"{type(value).__name__} is not storable"]
+
+
+cdef object _check_dict(object value, int depth):
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    cdef object key
+    cdef object item
+    cdef object problem
+    if PyDict_CheckExact(value):
+        while PyDict_Next(value, &pos, &k, &v):
+            key = <object>k
+            item = <object>v
+            if not PyUnicode_Check(key):
+                return [f"dict key {key!r} is not a str"]
+            if _is_plain(item):
+                continue
+            problem = _check(item, depth)
+            if problem is not None:
+                problem.append(f"[{key!r}]")
+                return problem
+        return None
+    # A subclass is read through its own items(), as the twin does.
+    for key, item in value.items():
+        if not PyUnicode_Check(key):
+            return [f"dict key {key!r} is not a str"]
+        if _is_plain(item):
+            continue
+        problem = _check(item, depth)
+        if problem is not None:
+            problem.append(f"[{key!r}]")
+            return problem
+    return None
+
+
+cdef object _check_items(object value, int depth):
+    cdef Py_ssize_t index = 0
+    cdef object item
+    cdef object problem
+    if PyList_CheckExact(value):
+        for item in <list>value:
+            if not _is_plain(item):
+                problem = _check(item, depth)
+                if problem is not None:
+                    problem.append(f"[{index}]")
+                    return problem
+            index += 1
+        return None
+    if PyTuple_CheckExact(value):
+        for item in <tuple>value:
+            if not _is_plain(item):
+                problem = _check(item, depth)
+                if problem is not None:
+                    problem.append(f"[{index}]")
+                    return problem
+            index += 1
+        return None
+    # A subclass is read through its own iterator, as the twin does.
+    for item in value:
+        if not _is_plain(item):
+            problem = _check(item, depth)
+            if problem is not None:
+                problem.append(f"[{index}]")
+                return problem
+        index += 1
+    return None
+
+
+cdef object _refuse(object path, list problem):
+    cdef str steps = "".join(reversed(problem[1:]))
+    return StateValueError(f"{path}{steps}: {problem[0]}")
+
+
+def scope_of(key):
+    """Return the scope of a state key."""
+    if not _is_str(key):
+        raise _key_error("state", key)
+    cdef int code = _scope_code(key)
+    if code == _APP:
+        return _SCOPE_APP
+    if code == _USER:
+        return _SCOPE_USER
+    if code == _TEMP:
+        return _SCOPE_TEMP
+    return _SCOPE_SESSION
+
+
+cdef int _route(object key, object value, dict app, dict user, dict session, dict temp) except -1:
+    if not _is_str(key):
+        raise _key_error("state", key)
+    cdef int code = _scope_code(key)
+    if code == _SESSION:
+        PyDict_SetItem(session, key, value)
+    elif code == _TEMP:
+        PyDict_SetItem(temp, key, value)
+    elif code == _APP:
+        PyDict_SetItem(app, _unprefixed(key, code), value)
+    else:
+        PyDict_SetItem(user, _unprefixed(key, code), value)
+    return 0
+
+
+def partition_by_scope(delta):
+    """Split a delta into (app, user, session, temp) maps, app and user keys unprefixed."""
+    cdef dict app = {}
+    cdef dict user = {}
+    cdef dict session = {}
+    cdef dict temp = {}
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if PyDict_CheckExact(delta):
+        while PyDict_Next(delta, &pos, &k, &v):
+            _route(<object>k, <object>v, app, user, session, temp)
+    else:
+        for key, value in delta.items():
+            _route(key, value, app, user, session, temp)
+    return app, user, session, temp
+
+
+cdef int _route_checked(
+    object key, object value, dict app, dict user, dict session, dict temp
+) except -1:
+    if not _is_str(key):
+        raise _key_error("state", key)
+    cdef int code = _scope_code(key)
+    # Temp values live only on the live session object, so anything goes.
+    if code == _TEMP:
+        PyDict_SetItem(temp, key, value)
+        return 0
+    cdef object problem
+    if not _is_plain(value):
+        problem = _check(value, 0)
+        if problem is not None:
+            raise _refuse(f"state[{key!r}]", problem)
+    if code == _SESSION:
+        PyDict_SetItem(session, key, value)
+    elif code == _APP:
+        PyDict_SetItem(app, _unprefixed(key, code), value)
+    else:
+        PyDict_SetItem(user, _unprefixed(key, code), value)
+    return 0
+
+
+def partition_checked(delta):
+    """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
+    cdef dict app = {}
+    cdef dict user = {}
+    cdef dict session = {}
+    cdef dict temp = {}
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if PyDict_CheckExact(delta):
+        while PyDict_Next(delta, &pos, &k, &v):
+            _route_checked(<object>k, <object>v, app, user, session, temp)
+    else:
+        for key, value in delta.items():
+            _route_checked(key, value, app, user, session, temp)
+    return app, user, session, temp
+
+
+def trim_temp_keys(delta):
+    """Return a copy of a delta without its ``temp:`` keys."""
+    cdef dict trimmed = {}
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if PyDict_CheckExact(delta):
+        while PyDict_Next(delta, &pos, &k, &v):
+            if not _is_str(<object>k):
+                raise _key_error("state", <object>k)
+            if _scope_code(<object>k) != _TEMP:
+                PyDict_SetItem(trimmed, <object>k, <object>v)
+        return trimmed
+    for key, value in delta.items():
+        if not _is_str(key):
+            raise _key_error("state", key)
+        if _scope_code(key) != _TEMP:
+            PyDict_SetItem(trimmed, key, value)
+    return trimmed
+
+
+cdef int _merge_prefixed(dict merged, object scoped, str prefix, str label) except -1:
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if PyDict_CheckExact(scoped):
+        while PyDict_Next(scoped, &pos, &k, &v):
+            if not _is_str(<object>k):
+                raise _key_error(label, <object>k)
+            PyDict_SetItem(merged, _prefixed(prefix, <object>k), <object>v)
+        return 0
+    for key, value in scoped.items():
+        if not _is_str(key):
+            raise _key_error(label, key)
+        PyDict_SetItem(merged, _prefixed(prefix, key), value)
+    return 0
+
+
+def merge_scopes(app, user, session):
+    """Return the state a caller sees: session keys, then prefixed app and user keys."""
+    cdef dict merged
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if PyDict_CheckExact(session):
+        # Copying the whole table at once beats inserting key by key.
+        merged = PyDict_Copy(session)
+    else:
+        merged = dict(session)
+    while PyDict_Next(merged, &pos, &k, &v):
+        if not PyUnicode_Check(<object>k):
+            raise _key_error("session state", <object>k)
+    _merge_prefixed(merged, app, _APP_PREFIX, "app state")
+    _merge_prefixed(merged, user, _USER_PREFIX, "user state")
+    return merged
+
+
+def apply_delta(state, delta):
+    """Set every key of a delta on a state, in order; a None value is stored."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    cdef bint exact_state = PyDict_CheckExact(state)
+    if PyDict_CheckExact(delta):
+        # Keys are checked first so that a bad key leaves the state untouched.
+        while PyDict_Next(delta, &pos, &k, &v):
+            if not PyUnicode_Check(<object>k):
+                raise _key_error("state", <object>k)
+        pos = 0
+        if exact_state:
+            while PyDict_Next(delta, &pos, &k, &v):
+                PyDict_SetItem(state, <object>k, <object>v)
+            return
+        # A mapping's __setitem__ is Python code that may change the delta:
+        # iterate with owned references and the dict's own size check.
+        for key, value in (<dict>delta).items():
+            PyObject_SetItem(state, key, value)
+        return
+    for key in delta:
+        if not PyUnicode_Check(key):
+            raise _key_error("state", key)
+    for key, value in delta.items():
+        if exact_state:
+            PyDict_SetItem(state, key, value)
+        else:
+            PyObject_SetItem(state, key, value)
+
+
+def check_storable(value, path):
+    """Raise StateValueError, naming the key path, unless a value can be stored."""
+    cdef object problem = _check(value, 0)
+    if problem is not None:
+        raise _refuse(path, problem)
+
+
+def check_delta(delta, root="state"):
+    """Raise StateValueError unless every key of a delta is a str and every value storable."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    cdef object problem
+    if PyDict_CheckExact(delta):
+        while PyDict_Next(delta, &pos, &k, &v):
+            if not PyUnicode_Check(<object>k):
+                raise _key_error(root, <object>k)
+            if _is_plain(<object>v):
+                continue
+            problem = _check(<object>v, 0)
+            if problem is not None:
+                raise _refuse(f"{root}[{(<object>k)!r}]", problem)
+        return
+    for key, value in delta.items():
+        if not PyUnicode_Check(key):
+            raise _key_error(root, key)
+        if _is_plain(value):
+            continue
+        problem = _check(value, 0)
+        if problem is not None:
+            raise _refuse(f"{root}[{key!r}]", problem)

@@ -1,0 +1,274 @@
+"""Route state keys by scope prefix and validate storable values, in pure Python.
+
+This module is the twin of the compiled ``sessionscope._core``: it is the
+oracle the tests compare the compiled core against, the fallback where the
+extension is not built, and the source of the types both share (the prefix
+constants and the ``Scope`` enum).
+
+Keys may be ``str`` subclasses; they are routed by their characters, as plain
+``str``. Containers may be subclasses of ``dict``, ``list`` and ``tuple``;
+they are read through their ``items()`` and iteration.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, Final
+
+from sessionscope.errors import StateValueError
+
+__all__ = [
+    "APP_PREFIX",
+    "KEY_PREFIX_APP",
+    "KEY_PREFIX_TEMP",
+    "KEY_PREFIX_USER",
+    "MAX_DEPTH",
+    "TEMP_PREFIX",
+    "USER_PREFIX",
+    "Scope",
+    "apply_delta",
+    "check_delta",
+    "check_storable",
+    "merge_scopes",
+    "partition_by_scope",
+    "partition_checked",
+    "scope_of",
+    "trim_temp_keys",
+]
+
+APP_PREFIX: Final = "app:"
+USER_PREFIX: Final = "user:"
+TEMP_PREFIX: Final = "temp:"
+
+# The names ADK uses for the same prefixes (google.adk.sessions.State).
+KEY_PREFIX_APP: Final = APP_PREFIX
+KEY_PREFIX_USER: Final = USER_PREFIX
+KEY_PREFIX_TEMP: Final = TEMP_PREFIX
+
+# Deeper values are refused rather than walked: it stops self-referencing
+# containers, and keeps the walk well inside Python's default recursion limit.
+MAX_DEPTH: Final = 512
+
+_APP_LEN: Final = len(APP_PREFIX)
+_USER_LEN: Final = len(USER_PREFIX)
+
+# msgpack stores integers as int64 or uint64.
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
+
+# Types that are always storable, checked by identity first because almost
+# every value is one of them.
+_PLAIN: Final = frozenset({str, float, bool, bytes, type(None)})
+
+# A refused value: why, and the keys and indexes that lead to it from the
+# top. The path is only formatted when a value is refused.
+_Problem = tuple[str, list[object]]
+_Walk = Iterator[tuple[object, object]]
+
+
+class Scope(enum.Enum):
+    """Where a state key is stored, decided by its prefix."""
+
+    APP = "app"
+    USER = "user"
+    SESSION = "session"
+    TEMP = "temp"
+
+    @classmethod
+    def of(cls, key: str) -> Scope:
+        """Return the scope of a state key."""
+        return scope_of(key)
+
+
+def _key_error(label: str, key: object) -> StateValueError:
+    return StateValueError(f"{label} key {key!r} is not a str")
+
+
+def scope_of(key: str) -> Scope:
+    """Return the scope of a state key."""
+    if not isinstance(key, str):
+        raise _key_error("state", key)
+    if key.startswith(APP_PREFIX):
+        return Scope.APP
+    if key.startswith(USER_PREFIX):
+        return Scope.USER
+    if key.startswith(TEMP_PREFIX):
+        return Scope.TEMP
+    return Scope.SESSION
+
+
+def partition_by_scope(
+    delta: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Split a delta into (app, user, session, temp) maps, app and user keys unprefixed."""
+    app: dict[str, Any] = {}
+    user: dict[str, Any] = {}
+    session: dict[str, Any] = {}
+    temp: dict[str, Any] = {}
+    for key, value in delta.items():
+        if not isinstance(key, str):
+            raise _key_error("state", key)
+        if key.startswith(APP_PREFIX):
+            app[key[_APP_LEN:]] = value
+        elif key.startswith(USER_PREFIX):
+            user[key[_USER_LEN:]] = value
+        elif key.startswith(TEMP_PREFIX):
+            temp[key] = value
+        else:
+            session[key] = value
+    return app, user, session, temp
+
+
+def trim_temp_keys(delta: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of a delta without its ``temp:`` keys."""
+    trimmed: dict[str, Any] = {}
+    for key, value in delta.items():
+        if not isinstance(key, str):
+            raise _key_error("state", key)
+        if not key.startswith(TEMP_PREFIX):
+            trimmed[key] = value
+    return trimmed
+
+
+def merge_scopes(
+    app: Mapping[str, Any], user: Mapping[str, Any], session: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Return the state a caller sees: session keys, then prefixed app and user keys."""
+    merged = dict(session)
+    for key in merged:
+        if not isinstance(key, str):
+            raise _key_error("session state", key)
+    for key, value in app.items():
+        if not isinstance(key, str):
+            raise _key_error("app state", key)
+        merged[APP_PREFIX + key] = value
+    for key, value in user.items():
+        if not isinstance(key, str):
+            raise _key_error("user state", key)
+        merged[USER_PREFIX + key] = value
+    return merged
+
+
+def apply_delta(state: MutableMapping[str, Any], delta: Mapping[str, Any]) -> None:
+    """Set every key of a delta on a state, in order; a None value is stored."""
+    # Keys are checked first so that a bad key leaves the state untouched.
+    for key in delta:
+        if not isinstance(key, str):
+            raise _key_error("state", key)
+    for key, value in delta.items():
+        state[key] = value
+
+
+def _check_int(value: int) -> str | None:
+    if _INT_MIN <= value <= _INT_MAX:
+        return None
+    return f"int {value} is out of the 64-bit range"
+
+
+def _open(value: object, depth: int) -> str | tuple[_Walk, bool] | None:
+    # None: storable as it is. str: why it is not. Otherwise the (step, item)
+    # pairs of a container to walk, and whether they come from a dict.
+    # Subclass tests go through the type, never isinstance(), which would
+    # trust an object's __class__ attribute; the compiled core does the same.
+    cls = type(value)
+    if cls in _PLAIN:
+        return None
+    if cls is int:
+        return _check_int(value)  # type: ignore[arg-type]
+    if issubclass(cls, (dict, list, tuple)):
+        if depth >= MAX_DEPTH:
+            return f"{cls.__name__} is nested too deeply (over {MAX_DEPTH} levels)"
+        if issubclass(cls, dict):
+            return iter(value.items()), True  # type: ignore[attr-defined]
+        return enumerate(value), False  # type: ignore[arg-type]
+    if issubclass(cls, (str, float, bytes)):
+        return None
+    if issubclass(cls, int):
+        return _check_int(value)  # type: ignore[arg-type]
+    return f"{cls.__name__} is not storable"
+
+
+def _find_problem(value: object) -> _Problem | None:
+    # An explicit stack rather than recursion: MAX_DEPTH levels of Python
+    # calls would hit the interpreter's recursion limit before the depth limit.
+    opened = _open(value, 0)
+    if opened is None:
+        return None
+    if isinstance(opened, str):
+        return opened, []
+    walks = [opened]
+    steps: list[object] = []
+    while walks:
+        walk, in_dict = walks[-1]
+        for step, item in walk:
+            if in_dict and not isinstance(step, str):
+                return f"dict key {step!r} is not a str", steps
+            if type(item) in _PLAIN:
+                continue
+            opened = _open(item, len(walks))
+            if opened is None:
+                continue
+            steps.append(step)
+            if isinstance(opened, str):
+                return opened, steps
+            walks.append(opened)
+            break
+        else:
+            walks.pop()
+            if steps:
+                steps.pop()
+    return None
+
+
+def _refuse(path: str, problem: _Problem) -> StateValueError:
+    message, steps = problem
+    where = "".join([f"[{step!r}]" for step in steps])
+    return StateValueError(f"{path}{where}: {message}")
+
+
+def check_storable(value: object, path: str) -> None:
+    """Raise StateValueError, naming the key path, unless a value can be stored."""
+    problem = _find_problem(value)
+    if problem is not None:
+        raise _refuse(path, problem)
+
+
+def check_delta(delta: Mapping[str, Any], root: str = "state") -> None:
+    """Raise StateValueError unless every key of a delta is a str and every value storable."""
+    for key, value in delta.items():
+        if not isinstance(key, str):
+            raise _key_error(root, key)
+        if type(value) in _PLAIN:
+            continue
+        problem = _find_problem(value)
+        if problem is not None:
+            raise _refuse(f"{root}[{key!r}]", problem)
+
+
+def partition_checked(
+    delta: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
+    app: dict[str, Any] = {}
+    user: dict[str, Any] = {}
+    session: dict[str, Any] = {}
+    temp: dict[str, Any] = {}
+    for key, value in delta.items():
+        if not isinstance(key, str):
+            raise _key_error("state", key)
+        # Temp values live only on the live session object, so anything goes.
+        if key.startswith(TEMP_PREFIX):
+            temp[key] = value
+            continue
+        if type(value) not in _PLAIN:
+            problem = _find_problem(value)
+            if problem is not None:
+                raise _refuse(f"state[{key!r}]", problem)
+        if key.startswith(APP_PREFIX):
+            app[key[_APP_LEN:]] = value
+        elif key.startswith(USER_PREFIX):
+            user[key[_USER_LEN:]] = value
+        else:
+            session[key] = value
+    return app, user, session, temp

@@ -1,0 +1,189 @@
+"""Property tests: the compiled core and its twin agree, and routing round-trips."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sessionscope import _core_py
+
+try:
+    _compiled: ModuleType | None = importlib.import_module("sessionscope._core")
+except ImportError:
+    # Same rule as the core_impl fixture: a missing compiled core is an error
+    # unless the pure build was asked for.
+    if os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") in ("", "0"):
+        raise
+    _compiled = None
+
+needs_compiled = pytest.mark.skipif(
+    _compiled is None, reason="compiled core not built (SESSIONSCOPE_NO_EXTENSIONS is set)"
+)
+
+SETTINGS = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+PREFIXES = ["app:", "user:", "temp:"]
+NEAR_MISSES = ["app", "user", "temp", "App:", "USER:", "tmp:", "ap:", "users:", " app:", "äpp:"]
+
+text = st.text(max_size=8)
+keys = st.one_of(
+    text,
+    st.builds(lambda p, t: p + t, st.sampled_from(PREFIXES + NEAR_MISSES), text),
+    st.sampled_from(PREFIXES + NEAR_MISSES + [""]),
+)
+non_str_keys = st.one_of(st.integers(), st.none(), st.binary(max_size=3), st.tuples(st.integers()))
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False),
+    text,
+    st.binary(max_size=8),
+)
+unstorable = st.one_of(
+    st.integers(min_value=2**64, max_value=2**70),
+    st.integers(max_value=-(2**63) - 1, min_value=-(2**70)),
+    st.frozensets(st.integers(), max_size=2),
+    st.sets(st.integers(), max_size=2),
+    st.complex_numbers(allow_nan=False),
+    st.builds(bytearray, st.binary(max_size=3)),
+    st.builds(object),
+)
+
+
+def _values(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.lists(inner, max_size=3).map(tuple),
+            st.dictionaries(keys, inner, max_size=4),
+        ),
+        max_leaves=8,
+    )
+
+
+storable_values = _values(scalars)
+# Mostly storable, sometimes not, and sometimes with a non-str dict key deep inside.
+any_values = _values(st.one_of(scalars, scalars, scalars, unstorable)) | st.dictionaries(
+    non_str_keys, scalars, min_size=1, max_size=2
+)
+
+deltas = st.dictionaries(keys, storable_values, max_size=10)
+any_deltas = st.dictionaries(st.one_of(keys, keys, keys, non_str_keys), any_values, max_size=10)
+str_maps = st.dictionaries(text, storable_values, max_size=6)
+
+
+def _outcome(func: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", func(*args)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _agree(name: str, *args: Any) -> tuple[str, Any]:
+    assert _compiled is not None
+    expected = _outcome(getattr(_core_py, name), *args)
+    actual = _outcome(getattr(_compiled, name), *args)
+    assert actual == expected
+    if expected[0] == "ok":
+        # Same maps in the same order, not just equal as dicts.
+        maps = expected[1] if isinstance(expected[1], tuple) else (expected[1],)
+        actual_maps = actual[1] if isinstance(actual[1], tuple) else (actual[1],)
+        for got, want in zip(actual_maps, maps, strict=True):
+            if isinstance(want, dict):
+                assert list(got.items()) == list(want.items())
+    return expected
+
+
+@needs_compiled
+@SETTINGS
+@given(st.one_of(keys, non_str_keys))
+def test_scope_of_agrees(key: Any) -> None:
+    _agree("scope_of", key)
+
+
+@needs_compiled
+@SETTINGS
+@given(st.one_of(deltas, any_deltas))
+def test_partition_agrees(delta: dict[Any, Any]) -> None:
+    _agree("partition_by_scope", delta)
+    _agree("partition_checked", delta)
+    _agree("trim_temp_keys", delta)
+    _agree("check_delta", delta)
+
+
+@needs_compiled
+@SETTINGS
+@given(any_values, st.sampled_from(["state['x']", "initial['k']", ""]))
+def test_check_storable_agrees(value: Any, path: str) -> None:
+    _agree("check_storable", value, path)
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.one_of(str_maps, st.dictionaries(non_str_keys, scalars, max_size=2)),
+    str_maps,
+    st.one_of(str_maps, st.dictionaries(st.one_of(text, non_str_keys), scalars, max_size=3)),
+)
+def test_merge_agrees(app: dict[Any, Any], user: dict[Any, Any], session: dict[Any, Any]) -> None:
+    _agree("merge_scopes", app, user, session)
+
+
+@needs_compiled
+@SETTINGS
+@given(str_maps, st.one_of(deltas, any_deltas))
+def test_apply_delta_agrees(state: dict[str, Any], delta: dict[Any, Any]) -> None:
+    assert _compiled is not None
+    py_state, c_state = dict(state), dict(state)
+    assert _outcome(_compiled.apply_delta, c_state, delta) == _outcome(
+        _core_py.apply_delta, py_state, delta
+    )
+    assert list(c_state.items()) == list(py_state.items())
+
+
+@SETTINGS
+@given(deltas)
+def test_partition_then_merge_round_trips(core_impl: ModuleType, delta: dict[str, Any]) -> None:
+    app, user, session, temp = core_impl.partition_checked(delta)
+    assert core_impl.merge_scopes(app, user, session) == core_impl.trim_temp_keys(delta)
+    assert temp == {k: v for k, v in delta.items() if k.startswith("temp:")}
+    assert (app, user, session, temp) == core_impl.partition_by_scope(delta)
+
+
+@SETTINGS
+@given(str_maps, deltas)
+def test_apply_partition_equals_update(
+    core_impl: ModuleType, state: dict[str, Any], delta: dict[str, Any]
+) -> None:
+    # Applying each scope's part to that scope's stored map, then merging,
+    # gives what a plain dict update of the merged view gives.
+    app_state = {"seen": 1}
+    user_state: dict[str, Any] = {}
+    expected = core_impl.merge_scopes(app_state, user_state, state)
+    expected.update(core_impl.trim_temp_keys(delta))
+
+    app, user, session, _temp = core_impl.partition_by_scope(delta)
+    core_impl.apply_delta(app_state, app)
+    core_impl.apply_delta(user_state, user)
+    core_impl.apply_delta(state, session)
+    assert core_impl.merge_scopes(app_state, user_state, state) == expected
+
+
+@SETTINGS
+@given(storable_values)
+def test_storable_values_pass(core_impl: ModuleType, value: Any) -> None:
+    core_impl.check_storable(value, "state['x']")
