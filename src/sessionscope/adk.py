@@ -1,0 +1,344 @@
+"""The google-adk drop-in: session services that take and return ADK's own objects.
+
+``LmdbSessionService`` keeps sessions in a durable LMDB store;
+``MemorySessionService`` keeps them in process memory, with the same rules and
+no aliasing between what a caller holds and what is stored. Both subclass
+``google.adk.sessions.BaseSessionService`` and share every rule with the
+native services through ``ServiceCore``.
+
+Importing this module registers the ``lmdb`` scheme with ADK's service
+registry, so ``adk web --session_service_uri lmdb:///path/to/store`` works once
+something imports it: a ``services.py`` in the agents directory holding
+``import sessionscope.adk``, a ``services.yaml`` naming
+``sessionscope.adk.LmdbSessionService``, or ``python -m sessionscope.adk web ...``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from google.adk.errors.already_exists_error import AlreadyExistsError as _AdkAlreadyExistsError
+from google.adk.errors.session_not_found_error import (
+    SessionNotFoundError as _AdkSessionNotFoundError,
+)
+from google.adk.events import Event
+from google.adk.sessions import BaseSessionService, Session
+from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
+
+try:
+    from google.adk.errors import StaleSessionError as _AdkStaleSessionError
+except ImportError:  # ADK before the stale-session check
+    _AdkStaleSessionError = ValueError  # type: ignore[assignment,misc]
+
+from . import errors
+from ._adk_codec import decode_events, encode_event
+from .service import PreparedAppend, ServiceCore, check_id
+from .stores import LmdbStore, MemoryStore, Store, open_store
+from .stores.base import SessionRecord
+
+__all__ = [
+    "AdkModel",
+    "AlreadyExistsError",
+    "LmdbSessionService",
+    "MemorySessionService",
+    "SessionNotFoundError",
+    "StaleSessionError",
+    "main",
+    "register",
+]
+
+
+class AlreadyExistsError(_AdkAlreadyExistsError, errors.AlreadyExistsError):
+    """A session with this id already exists: ADK's error, and sessionscope's."""
+
+
+class SessionNotFoundError(_AdkSessionNotFoundError, errors.SessionNotFoundError):
+    """The session does not exist: ADK's error, and sessionscope's."""
+
+
+class StaleSessionError(_AdkStaleSessionError, errors.StaleSessionError):
+    """The session object is older than the store: ADK's error, and sessionscope's."""
+
+
+_ERRORS: dict[type[BaseException], type[BaseException]] = {
+    errors.AlreadyExistsError: AlreadyExistsError,
+    errors.SessionNotFoundError: SessionNotFoundError,
+    errors.StaleSessionError: StaleSessionError,
+}
+
+
+def _adk_error(error: BaseException) -> BaseException:
+    """Return the ADK-compatible twin of one of sessionscope's errors."""
+    twin = _ERRORS.get(type(error))
+    return error if twin is None else twin(str(error))
+
+
+class AdkModel:
+    """The Model of google-adk's pydantic ``Session`` and ``Event``."""
+
+    def event_id(self, event: Event) -> str:
+        """Return the event's id, giving it a fresh one if it has none."""
+        if not event.id:
+            event.id = Event.new_id()
+        return check_id(event.id, "event.id")
+
+    def peek_event_id(self, event: Event) -> str:
+        """Return the event's id as it is, empty or not."""
+        return event.id
+
+    def event_timestamp(self, event: Event) -> float:
+        """Return the event's timestamp."""
+        stamp = event.timestamp
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+            raise errors.StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
+        return float(stamp)
+
+    def is_partial(self, event: Event) -> bool:
+        """Tell whether the event is a partial (streaming) one."""
+        return bool(event.partial)
+
+    def state_delta(self, event: Event) -> Mapping[str, Any] | None:
+        """Return the event's state delta, if any."""
+        actions = event.actions
+        return actions.state_delta if actions is not None else None
+
+    def set_state_delta(self, event: Event, delta: dict[str, Any]) -> None:
+        """Replace the event's state delta."""
+        event.actions.state_delta = delta
+
+    def encode_event(self, event: Event) -> bytes:
+        """Return the stored record of an event."""
+        return encode_event(event)
+
+    def decode_events(self, records: list[bytes]) -> list[Event]:
+        """Return the events stored as ``records``."""
+        return decode_events(records)
+
+    def session_ids(self, session: Session) -> tuple[str, str, str]:
+        """Return (app_name, user_id, session_id) of a session object."""
+        return session.app_name, session.user_id, session.id
+
+    def marker(self, session: Session) -> str | None:
+        """Return the revision marker a session object carries."""
+        marker: str | None = session._storage_update_marker
+        return marker
+
+    def live_parts(self, session: Session) -> tuple[dict[str, Any], list[Event], float]:
+        """Return the state, the events and the last update time of a session object."""
+        return session.state, session.events, session.last_update_time
+
+    def update_session(self, session: Session, last_update_time: float, marker: str) -> None:
+        """Set a live session's last update time and marker."""
+        session.last_update_time = last_update_time
+        session._storage_update_marker = marker
+
+    def build_session(
+        self, record: SessionRecord, state: dict[str, Any], events: list[Event]
+    ) -> Session:
+        """Return a new ADK session object carrying the store's revision marker."""
+        session = Session(
+            id=record.session_id,
+            app_name=record.app_name,
+            user_id=record.user_id,
+            state=state,
+            events=events,
+            last_update_time=record.last_update_time,
+        )
+        session._storage_update_marker = record.marker
+        return session
+
+
+class _AdkService(BaseSessionService):
+    """Everything both ADK services share; only the store differs."""
+
+    store: Store
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._core: ServiceCore[Session, Event] = ServiceCore(store, AdkModel())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.store!r})"
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """Create a session; its initial state is routed by prefix."""
+        p = self._core.prepare_create(app_name, user_id, state, session_id)
+        try:
+            loaded = await self.store.create_session(
+                p.app_name, p.user_id, p.session_id, p.create_time,
+                p.app_items, p.user_items, p.session_items,
+            )  # fmt: skip
+        except errors.AlreadyExistsError as error:
+            raise _adk_error(error) from None
+        return self._core.finish_load(loaded)
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        """Read a session with the events ``config`` selects; None if missing."""
+        return self._core.get_session(app_name, user_id, session_id, config)
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        """List sessions with their merged state and no events, least recently active first."""
+        records = self._core.list_records(app_name, user_id)
+        sessions = []
+        for record in records:
+            loaded = self.store.load_session(
+                record.app_name, record.user_id, record.session_id, 0, None
+            )
+            if loaded is not None:  # deleted meanwhile
+                sessions.append(self._core.finish_load(loaded))
+        # The records may have moved on since the listing: order by what was read.
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete a session, its state and its events; a missing one is a no-op."""
+        await self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id))
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        """Append an event to a session read before; stale copies are refused."""
+        return await self._append(session, event, locked=False)
+
+    async def append_event_locked(self, session: Session, event: Event) -> Event:
+        """Append on top of what is stored, and bring the live session up to date."""
+        return await self._append(session, event, locked=True)
+
+    async def _append(self, session: Session, event: Event, locked: bool) -> Event:
+        core = self._core
+        prepared: PreparedAppend | None = core.prepare_append(session, event, locked)
+        if prepared is None:
+            return event
+        try:
+            result = await self.store.append(prepared.request)
+        except errors.SessionscopeError as error:
+            core.abandon_append(event, prepared)
+            raise _adk_error(error) from None
+        except BaseException:
+            core.abandon_append(event, prepared)
+            raise
+        return core.finish_append(session, event, prepared, result)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix; {} when none."""
+        return self.store.read_user_state(
+            check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        )
+
+    async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix; {} when none."""
+        return self.store.read_app_state(check_id(app_name, "app_name"))
+
+    async def flush(self) -> None:
+        """Return once every acknowledged append is durable."""
+        await self.store.flush()
+
+    async def close(self) -> None:
+        """Flush and release the store."""
+        self.store.close()
+
+    async def __aenter__(self) -> _AdkService:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class MemorySessionService(_AdkService):
+    """ADK sessions in process memory: same rules as the durable one, nothing aliased."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+
+
+class LmdbSessionService(_AdkService):
+    """ADK sessions in a durable LMDB store, shared safely by several processes.
+
+    ``path_or_uri`` is a directory or an ``lmdb://`` URI whose query may carry
+    store options (``lmdb:///srv/sessions?durability=deferred``); ``uri`` is
+    the same, under the name ADK's ``services.yaml`` route passes it. Keyword
+    options (``durability``, ``map_size``, ``flush_interval``, ``file_mode``,
+    ``max_readers``) override those of the query. ``agents_dir`` is accepted
+    because ADK's registry passes it; a relative path resolves against the
+    current directory, as ADK's own ``sqlite://`` does.
+    """
+
+    def __init__(
+        self,
+        path_or_uri: str | os.PathLike[str] | None = None,
+        *,
+        uri: str | None = None,
+        agents_dir: str | None = None,
+        durability: str | None = None,
+        **options: Any,
+    ) -> None:
+        if (path_or_uri is None) == (uri is None):
+            raise ValueError("give exactly one of path_or_uri and uri")
+        target = uri if uri is not None else path_or_uri
+        if durability is not None:
+            options["durability"] = durability
+        store: Store
+        if isinstance(target, str) and "://" in target:
+            if urlsplit(target).scheme != "lmdb":
+                raise ValueError(f"LmdbSessionService takes an lmdb:// URI, not {target!r}")
+            store = open_store(target, **options)
+        elif isinstance(target, (str, os.PathLike)):
+            store = LmdbStore(target, **options)
+        else:
+            raise ValueError(f"path_or_uri must be a path or an lmdb:// URI, not {target!r}")
+        super().__init__(store)
+
+
+def _lmdb_factory(uri: str, **kwargs: Any) -> LmdbSessionService:
+    """Build the service ADK's registry asks for with an lmdb:// URI."""
+    return LmdbSessionService(uri=uri, **kwargs)
+
+
+def register() -> bool:
+    """Register the ``lmdb`` scheme with ADK's service registry; False if ADK has none."""
+    try:
+        from google.adk.cli.service_registry import get_service_registry
+    except ImportError:
+        return False
+    get_service_registry().register_session_service("lmdb", _lmdb_factory)
+    return True
+
+
+register()
+
+
+def main() -> None:
+    """Run ADK's command line with the ``lmdb`` scheme registered."""
+    from google.adk.cli.cli_tools_click import main as adk_main
+
+    adk_main()
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so the registry holds that module's classes.
+    from sessionscope.adk import main as _main
+
+    _main()
