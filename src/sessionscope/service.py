@@ -443,13 +443,14 @@ class ServiceCore(Generic[S, E]):
             event_id,
             timestamp,
             record,
-            codec.encode_items(app_delta),
-            codec.encode_items(user_delta),
-            codec.encode_items(session_delta),
+            codec.encode_items(app_delta) if app_delta else [],
+            codec.encode_items(user_delta) if user_delta else [],
+            codec.encode_items(session_delta) if session_delta else [],
             model.marker(session),
             last_update_time,
             model.peek_event_id(events[-1]) if events else None,
             locked,
+            catch_up=locked,
         )
         return PreparedAppend(request, delta, original if temp else None, temp)
 
@@ -711,7 +712,7 @@ class SyncSessionService:
         for session, event in appends:
             prepared = core.prepare_append(session, event, locked=True)
             if prepared is not None:
-                prepared.request.marker = None
+                prepared.request.catch_up = False
                 batch.append((session, event, prepared))
         try:
             results = self.store.append_many([p.request for _, _, p in batch]).result()

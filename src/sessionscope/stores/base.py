@@ -155,9 +155,10 @@ class AppendRequest:
     marker: str | None = None
     caller_update_time: float = 0.0
     caller_last_event_id: str | None = None
-    # Locked appends are applied on top of what is stored and return the
-    # events the caller missed.
+    # Locked appends are applied on top of what is stored; with catch_up they
+    # also return what the caller missed (bulk appends do not need it).
     locked: bool = False
+    catch_up: bool = False
 
 
 @dataclass(slots=True)
@@ -214,7 +215,7 @@ def check_append(
 
 def needs_stored_state(request: AppendRequest) -> bool:
     """Tell whether a locked append must hand back the whole stored state."""
-    return request.locked and request.marker is None
+    return request.catch_up and request.marker is None
 
 
 def events_seen(

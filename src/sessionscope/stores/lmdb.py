@@ -105,18 +105,27 @@ class _Gate:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._active = 0
         self._resizing = False
 
     def __enter__(self) -> None:
+        # The plain lock is the fast path: resizes are rare.
+        with self._lock:
+            if not self._resizing:
+                self._active += 1
+                return
+        self._enter_after_resize()
+
+    def _enter_after_resize(self) -> None:
         with self._cond:
             while self._resizing:
                 self._cond.wait()
             self._active += 1
 
     def __exit__(self, *exc: object) -> None:
-        with self._cond:
+        with self._lock:
             self._active -= 1
             if self._resizing and not self._active:
                 self._cond.notify_all()
@@ -171,8 +180,11 @@ class LmdbStore:
             # A directory needs the search bit wherever its files are readable.
             self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
         try:
+            # A writable map halves the cost of a commit; it rules out nested
+            # transactions, which the writes here do not use.
             self._env = lmdb.open(
                 str(self.path),
+                writemap=True,
                 map_size=map_size,
                 max_dbs=len(_DB_NAMES) + 2,
                 max_readers=max_readers,
@@ -197,6 +209,9 @@ class LmdbStore:
         except BaseException:
             self._env.close()
             raise
+        self._sessions = self._dbs[b"sessions"]
+        self._shared = self._dbs[b"shared"]
+        self._data = self._dbs[b"data"]
         self._writes: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None]
         self._writer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
@@ -322,26 +337,35 @@ class LmdbStore:
             future: Future[T] = Future()
             self._writes.put((action, future))
             return Completion.pending(future)
-        try:
-            return Completion.done(self._write_inline(action))
-        except Exception as error:  # handed to the caller
-            return Completion.failed(error)
+        ok, value = self._run_writes([action])[0]
+        return Completion.done(value) if ok else Completion.failed(value)
 
-    def _write_inline(self, action: Callable[[Any], T]) -> T:
+    def _run_writes(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
+        """Run writes in one transaction; if one fails, run each in its own.
+
+        A writable map rules out nested transactions, so one failing write
+        would undo the others: the rare failure costs a commit per write
+        instead. Every write checks before it writes, so running it again
+        after an abort is safe.
+        """
         while True:
-            with self._gate:
-                txn = self._begin(write=True)
-                try:
-                    result = action(txn)
-                    txn.commit()
-                    self._dirty = True
-                    return result
-                except lmdb.MapFullError:
-                    txn.abort()
-                except BaseException:
-                    txn.abort()
-                    raise
-            self._grow()
+            try:
+                with self._gate:
+                    txn = self._begin(write=True)
+                    try:
+                        results = [action(txn) for action in actions]
+                        txn.commit()
+                    except BaseException:
+                        txn.abort()
+                        raise
+                self._dirty = True
+                return [(True, result) for result in results]
+            except lmdb.MapFullError:
+                self._grow()
+            except Exception as error:  # the failing write's own outcome
+                if len(actions) == 1:
+                    return [(False, error)]
+                return [self._run_writes([action])[0] for action in actions]
 
     def _write_loop(self) -> None:
         """Commit queued writes, as many per transaction as are waiting."""
@@ -360,29 +384,8 @@ class LmdbStore:
                     stop = True
                     break
                 batch.append(item)
-            self._commit_batch(batch)
-            if stop:
-                return
-
-    def _commit_batch(self, batch: list[tuple[Callable[[Any], Any], Future[Any]]]) -> None:
-        while True:
-            outcomes: list[tuple[bool, Any]] = []
             try:
-                with self._gate:
-                    txn = self._begin(write=True)
-                    try:
-                        for action, _ in batch:
-                            outcomes.append(self._run_nested(txn, action, len(batch) > 1))
-                        if any(ok for ok, _ in outcomes):
-                            txn.commit()
-                        else:
-                            txn.abort()
-                    except BaseException:
-                        txn.abort()
-                        raise
-            except lmdb.MapFullError:
-                self._grow()
-                continue
+                outcomes = self._run_writes([action for action, _ in batch])
             except BaseException as error:  # every waiter must hear of it
                 outcomes = [(False, error)] * len(batch)
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
@@ -390,22 +393,8 @@ class LmdbStore:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
-            return
-
-    def _run_nested(self, txn: Any, action: Callable[[Any], Any], nest: bool) -> tuple[bool, Any]:
-        """Run one write of a batch; its failure must not undo the others."""
-        child = self._begin(write=True, parent=txn) if nest else txn
-        try:
-            result = action(child)
-        except lmdb.MapFullError:
-            raise
-        except Exception as error:  # this write's own outcome
-            if nest:
-                child.abort()
-            return False, error
-        if nest:
-            child.commit()
-        return True, result
+            if stop:
+                return
 
     def _sync_loop(self) -> None:
         """Sync deferred writes every interval, and at once when asked."""
@@ -436,9 +425,7 @@ class LmdbStore:
     def _record(
         self, txn: Any, app_name: str, user_id: str, session_id: str
     ) -> SessionRecord | None:
-        data = txn.get(
-            _part(app_name) + _part(user_id) + _part(session_id), db=self._dbs[b"sessions"]
-        )
+        data = txn.get(_part(app_name) + _part(user_id) + _part(session_id), db=self._sessions)
         if data is None:
             return None
         record = SessionRecord.from_list(unpack(data))
@@ -448,19 +435,18 @@ class LmdbStore:
 
     def _put_record(self, txn: Any, record: SessionRecord) -> None:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
-        txn.put(key, pack(record.to_list()), db=self._dbs[b"sessions"])
+        txn.put(key, pack(record.to_list()), db=self._sessions)
 
-    def _put_items(self, txn: Any, db: bytes, owner: bytes, items: Items) -> None:
-        handle = self._dbs[db]
+    def _put_items(self, txn: Any, handle: Any, owner: bytes, items: Items) -> None:
         for key, value in items:
             part = _part(key)
             if part[:2] == _DIGEST_MARK:
                 value = pack([key, value])
             txn.put(owner + part, value, db=handle)
 
-    def _read_map(self, txn: Any, db: bytes, owner: bytes) -> dict[str, Any]:
+    def _read_map(self, txn: Any, handle: Any, owner: bytes) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        cursor = txn.cursor(db=self._dbs[db])
+        cursor = txn.cursor(db=handle)
         if not cursor.set_range(owner):
             return result
         start = len(owner)
@@ -478,7 +464,7 @@ class LmdbStore:
         """Return the records of events ``start`` to ``stop`` (exclusive)."""
         if start >= stop:
             return []
-        cursor = txn.cursor(db=self._dbs[b"data"])
+        cursor = txn.cursor(db=self._data)
         if not cursor.set_key(number + _EVENT + _U64.pack(start)):
             raise StoreError(f"event {start} of a session is missing", hint="the store is damaged")
         return [value[8:] for value in islice(cursor.iternext(keys=False), stop - start)]
@@ -486,7 +472,7 @@ class LmdbStore:
     def _events_after(
         self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
     ) -> list[bytes]:
-        cursor = txn.cursor(db=self._dbs[b"data"])
+        cursor = txn.cursor(db=self._data)
         if num_recent is not None:
             # The last n first, then the filter: a timestamp leads each value.
             start = max(0, count - num_recent)
@@ -531,9 +517,9 @@ class LmdbStore:
             txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
             self._put_record(txn, record)
-            self._put_items(txn, b"data", _U64.pack(number) + _STATE, session_items)
-            self._put_items(txn, b"shared", _APP + _part(app_name), app_items)
-            self._put_items(txn, b"shared", _USER + _part(app_name) + _part(user_id), user_items)
+            self._put_items(txn, self._data, _U64.pack(number) + _STATE, session_items)
+            self._put_items(txn, self._shared, _APP + _part(app_name), app_items)
+            self._put_items(txn, self._shared, _USER + _part(app_name) + _part(user_id), user_items)
             return self._loaded(txn, record, [])
 
         return self._write(create)
@@ -568,9 +554,9 @@ class LmdbStore:
         app = _part(record.app_name)
         return LoadedSession(
             record,
-            self._read_map(txn, b"data", _U64.pack(record.number) + _STATE),
-            self._read_map(txn, b"shared", _APP + app),
-            self._read_map(txn, b"shared", _USER + app + _part(record.user_id)),
+            self._read_map(txn, self._data, _U64.pack(record.number) + _STATE),
+            self._read_map(txn, self._shared, _APP + app),
+            self._read_map(txn, self._shared, _USER + app + _part(record.user_id)),
             events,
         )
 
@@ -579,7 +565,7 @@ class LmdbStore:
         prefix = _part(app_name) + (_part(user_id) if user_id is not None else b"")
 
         def scan(txn: Any) -> list[SessionRecord]:
-            cursor = txn.cursor(db=self._dbs[b"sessions"])
+            cursor = txn.cursor(db=self._sessions)
             records: list[SessionRecord] = []
             if cursor.set_range(prefix):
                 for key, value in cursor.iternext():
@@ -598,9 +584,9 @@ class LmdbStore:
             if record is None:
                 return
             key = _part(app_name) + _part(user_id) + _part(session_id)
-            txn.delete(key, db=self._dbs[b"sessions"])
+            txn.delete(key, db=self._sessions)
             prefix = _U64.pack(record.number)
-            cursor = txn.cursor(db=self._dbs[b"data"])
+            cursor = txn.cursor(db=self._data)
             if cursor.set_range(prefix):
                 # delete() moves the cursor to the next entry, or past the end.
                 while cursor.key().startswith(prefix) and cursor.delete():
@@ -610,7 +596,7 @@ class LmdbStore:
 
     def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
         record = self._record(txn, request.app_name, request.user_id, request.session_id)
-        data = self._dbs[b"data"]
+        data = self._data
         stored = None
         if record is not None:
             number = _U64.pack(record.number)
@@ -622,7 +608,7 @@ class LmdbStore:
             return AppendResult(None, duplicate=True)
         assert record is not None
         missed: list[bytes] = []
-        if request.locked:
+        if request.catch_up:
 
             def seq_of(event_id: str) -> int | None:
                 seq = txn.get(number + _EVENT_ID + _part(event_id), db=data)
@@ -633,11 +619,11 @@ class LmdbStore:
                 missed = self._events(txn, number, known, record.event_count)
         if request.app_items or request.user_items:
             app = _part(request.app_name)
-            self._put_items(txn, b"shared", _APP + app, request.app_items)
+            self._put_items(txn, self._shared, _APP + app, request.app_items)
             owner = _USER + app + _part(request.user_id)
-            self._put_items(txn, b"shared", owner, request.user_items)
+            self._put_items(txn, self._shared, owner, request.user_items)
         if request.session_items:
-            self._put_items(txn, b"data", number + _STATE, request.session_items)
+            self._put_items(txn, self._data, number + _STATE, request.session_items)
         seq = _U64.pack(record.event_count)
         txn.put(number + _EVENT + seq, _F64.pack(request.timestamp) + request.event, db=data)
         txn.put(id_key, seq, db=data)
@@ -680,12 +666,12 @@ class LmdbStore:
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
-        return self._read(lambda txn: self._read_map(txn, b"shared", _APP + _part(app_name)))
+        return self._read(lambda txn: self._read_map(txn, self._shared, _APP + _part(app_name)))
 
     def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix."""
         owner = _USER + _part(app_name) + _part(user_id)
-        return self._read(lambda txn: self._read_map(txn, b"shared", owner))
+        return self._read(lambda txn: self._read_map(txn, self._shared, owner))
 
     def flush(self) -> Completion[None]:
         """Make every acknowledged write durable."""

@@ -178,7 +178,7 @@ class MemoryStore:
             return AppendResult(None, duplicate=True)
         assert stored is not None and record is not None
         missed: list[bytes] = []
-        if request.locked:
+        if request.catch_up:
             known = events_seen(request, record, stored.event_index.get)
             if known is not None:
                 missed = stored.events[known:]
