@@ -45,6 +45,7 @@ from sessionscope.errors import (
 
 # Fixtures shared with the other modules (bound here so pytest finds them).
 store_factory = _stores.store_factory
+lmdb_factory = _stores.lmdb_factory
 svc = _stores.svc
 
 ODD_IDS = [
@@ -1268,10 +1269,9 @@ def test_context_manager_closes_on_error(store_factory: StoreFactory) -> None:
 # Persistence
 
 
-def test_everything_survives_close_and_reopen(store_factory: StoreFactory) -> None:
+def test_everything_survives_close_and_reopen(lmdb_factory: StoreFactory) -> None:
     """LMDB stores: close, reopen, and every read gives identical results."""
-    if not store_factory.persistent:
-        pytest.skip("a memory store keeps nothing across close")
+    store_factory = lmdb_factory
     svc = SyncSessionService(store_factory())
     sessions = []
     for n in range(5):
