@@ -1,0 +1,664 @@
+"""The ``sessionscope bench`` job: one trace, every store, one table.
+
+It generates a trace, replays it on sessionscope's embedded LMDB store
+(durable, deferred, and deferred through the bulk path) and on every peer
+importable in this process (google-adk's in-memory, SQLite and Database
+services, and sessionscope's ADK adapter), measures raw LMDB put/commit with
+and without fsync as the floor, then sweeps latency against session length
+and throughput against the number of concurrent writers. Slow peers replay
+the trace only as far as a time budget allows; their state is verified for
+the part they replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import lmdb
+
+from . import codec
+from .core import IMPLEMENTATION
+from .model import Event, EventActions
+from .replay import (
+    ADK_SCHEMES,
+    LatencyStats,
+    ReplayResult,
+    Target,
+    TargetError,
+    open_target,
+    replay,
+)
+from .service import SessionService, SyncSessionService, event_to_record
+from .trace import TraceSpec, generate
+
+__all__ = ["BenchConfig", "BenchReport", "concurrency_sweep", "length_sweep", "raw_lmdb", "run"]
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """How big and how long a bench run is."""
+
+    sessions: int = 400
+    seed: int = 0
+    budget_s: float = 10.0
+    lengths: tuple[int, ...] = (10, 100, 1000, 10_000)
+    sweep_budget_s: float = 8.0
+    writers: tuple[int, ...] = (1, 8, 64)
+    writer_seconds: float = 1.5
+    batch: int = 256
+    peers: bool = True
+    charts: bool = True
+
+    @classmethod
+    def quick(cls, sessions: int | None = None) -> BenchConfig:
+        """Return the settings of ``--quick``: the same steps, a tenth of the time."""
+        return cls(
+            sessions=sessions or 60,
+            budget_s=1.2,
+            lengths=(10, 100, 1000),
+            sweep_budget_s=0.6,
+            writer_seconds=0.4,
+            batch=256,
+        )
+
+
+@dataclass
+class BenchReport:
+    """Everything a bench run measured."""
+
+    machine: dict[str, Any]
+    config: dict[str, Any]
+    results: list[ReplayResult] = field(default_factory=list)
+    floors: list[ReplayResult] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    lengths: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    concurrency: dict[str, dict[int, float]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready map."""
+        return {
+            "machine": self.machine,
+            "config": self.config,
+            "results": [r.to_dict() for r in self.results],
+            "floors": [r.to_dict() for r in self.floors],
+            "skipped": self.skipped,
+            "latency_vs_length_us": self.lengths,
+            "throughput_vs_writers": self.concurrency,
+            "concurrency_lift": {name: lift(v) for name, v in self.concurrency.items()},
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def format(self) -> str:
+        """Return the tables: medians per target and ratios to the durable default."""
+        base = self.results[0] if self.results else None
+        out = [
+            f"sessionscope bench on {self.machine['cpu']} ({self.machine['cores']} cores), "
+            f"Python {self.machine['python']}, core={self.machine['core']}",
+            f"trace: {self.config['sessions']} sessions, seed {self.config['seed']}; "
+            "medians in microseconds; ratio = median / sessionscope durable",
+            "",
+            f"{'target':<40}{'calls':>7}{'append':>9}{'ratio':>8}{'get10':>9}{'ratio':>8}"
+            f"{'get':>9}{'list':>9}{'events/s':>11}  verify",
+        ]
+
+        def median(result: ReplayResult, op: str) -> float:
+            stats = result.latency.get(op)
+            return stats.p50 if stats is not None else math.nan
+
+        def ratio(result: ReplayResult, op: str) -> str:
+            if base is None:
+                return ""
+            mine, theirs = median(result, op), median(base, op)
+            if math.isnan(mine) or math.isnan(theirs) or not theirs:
+                return "-"
+            return f"{mine / theirs:.2f}x"
+
+        for result in [*self.results, *self.floors]:
+            check = "-" if not result.verified else ("ok" if not result.problems else "FAILED")
+            label = _label(result.target, result.batch)
+            out.append(
+                f"{label:<40}{result.ops:>7,}{_num(median(result, 'append')):>9}"
+                f"{ratio(result, 'append'):>8}{_num(median(result, 'get_recent')):>9}"
+                f"{ratio(result, 'get_recent'):>8}{_num(median(result, 'get')):>9}"
+                f"{_num(median(result, 'list')):>9}{result.events_per_s:>11,.0f}  {check}"
+            )
+        for name, reason in self.skipped.items():
+            out.append(f"{name:<40}skipped: {reason}")
+        if self.lengths:
+            out.append("")
+            lengths = sorted({n for ops in self.lengths.values() for v in ops.values() for n in v})
+            out.append("median latency (us) against session length (events in the session)")
+            out.append(f"{'target / operation':<44}" + "".join(f"{n:>9,}" for n in lengths))
+            for name, ops in self.lengths.items():
+                for op, values in ops.items():
+                    cells = "".join(_num(values.get(n, math.nan)).rjust(9) for n in lengths)
+                    out.append(f"{name + ' ' + op:<44}{cells}")
+        if self.concurrency:
+            out.append("")
+            writers = sorted({n for v in self.concurrency.values() for n in v})
+            out.append("durable appends per second against concurrent writers")
+            out.append(f"{'target':<44}" + "".join(f"{n:>9}" for n in writers) + "     lift")
+            for name, values in self.concurrency.items():
+                cells = "".join(_num(values.get(n, math.nan), 0).rjust(9) for n in writers)
+                out.append(f"{name:<44}{cells}{lift(values):>8.1f}x")
+        out.append("")
+        out.append(f"total {self.elapsed_s:.1f} s")
+        return "\n".join(out)
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+_WRITES = ("create", "append", "delete")
+
+
+def _label(uri: str, batch: int) -> str:
+    scheme = uri.partition("://")[0]
+    names = {
+        "memory": "sessionscope memory",
+        "adk-memory": "adk InMemorySessionService",
+        "adk-sqlite": "adk SqliteSessionService",
+        "adk-database": "adk DatabaseSessionService",
+        "raw-lmdb-sync": "raw lmdb put+commit, fsync",
+        "raw-lmdb-nosync": "raw lmdb put+commit, no fsync",
+    }
+    if batch:
+        return f"sessionscope lmdb bulk {batch} (writes)"
+    if scheme in ("lmdb", "adk-lmdb"):
+        durability = "deferred" if "durability=deferred" in uri else "durable"
+        return f"sessionscope {'adk ' if scheme == 'adk-lmdb' else ''}lmdb {durability}"
+    return names.get(scheme, uri)
+
+
+def lift(values: dict[int, float]) -> float:
+    """Return the throughput at the most writers over that at the fewest."""
+    if len(values) < 2:
+        return math.nan
+    low, high = min(values), max(values)
+    return values[high] / values[low] if values[low] else math.nan
+
+
+def machine() -> dict[str, Any]:
+    """Return what the figures ran on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {"lmdb": getattr(lmdb, "__version__", "?")}
+    try:
+        from importlib.metadata import version
+
+        versions["google-adk"] = version("google-adk")
+    except Exception:  # not installed: fine
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "core": IMPLEMENTATION,
+        "versions": versions,
+    }
+
+
+def adk_available() -> str | None:
+    """Return why the ADK peers cannot run, or None when they can."""
+    try:
+        import google.adk  # noqa: F401
+    except ImportError:
+        return "google-adk is not installed (pip install 'sessionscope[adk]')"
+    return None
+
+
+def _database_available() -> str | None:
+    for name in ("sqlalchemy", "greenlet", "aiosqlite"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed (pip install 'sessionscope[adk]')"
+    return None
+
+
+def _adapter_available() -> str | None:
+    try:
+        adk = importlib.import_module("sessionscope.adk")
+        adk.LmdbSessionService  # noqa: B018
+    except (ImportError, AttributeError) as error:
+        return f"the adapter sessionscope.adk is not importable ({error})"
+    return None
+
+
+# -- the floor: raw LMDB ---------------------------------------------------------
+
+
+def raw_lmdb(
+    records: list[dict[str, Any]], directory: Path, sync: bool, budget_s: float
+) -> ReplayResult:
+    """Time one put+commit per event of the trace: what any LMDB store pays at least."""
+    path = directory / ("raw-sync" if sync else "raw-nosync")
+    env = lmdb.open(str(path), map_size=1 << 30, sync=sync, metasync=sync)
+    samples: list[int] = []
+    events = [
+        codec.pack(r["event"])
+        for r in records
+        if r["op"] == "append" and not r["event"].get("partial")
+    ]
+    clock = time.perf_counter_ns
+    started = time.perf_counter()
+    deadline = started + budget_s
+    try:
+        for seq, data in enumerate(events):
+            begin = clock()
+            with env.begin(write=True) as txn:
+                txn.put(seq.to_bytes(8, "big"), data)
+            samples.append(clock() - begin)
+            if not seq & 63 and time.perf_counter() > deadline:
+                break
+    finally:
+        env.close()
+    elapsed = time.perf_counter() - started
+    name = "raw-lmdb-sync://" if sync else "raw-lmdb-nosync://"
+    stats = {"append": LatencyStats.of(samples)}
+    result = ReplayResult(name, len(samples), len(samples), elapsed, stats)
+    result.append_s = sum(samples) / 1e9
+    return result
+
+
+# -- sweeps ------------------------------------------------------------------------
+
+
+def _filler(number: int, text: str) -> dict[str, Any]:
+    return {
+        "id": f"ev-{number:08d}",
+        "timestamp": 1_767_225_600.0 + number / 1000,
+        "author": "model" if number % 2 else "user",
+        "invocation_id": f"inv-{number // 4}",
+        "content": {"role": "model" if number % 2 else "user", "parts": [{"text": text}]},
+        "actions": {"state_delta": {"turn": number, "user:seen": number}},
+    }
+
+
+def length_sweep(
+    target: Target, lengths: tuple[int, ...], budget_s: float, samples: int = 20
+) -> dict[str, dict[int, float]]:
+    """Return median append and get(num_recent_events=10) latency at each session length.
+
+    The session is filled to each length (through the bulk path where the
+    target has one), then ``samples`` appends and reads are timed there. A
+    slow target stops at the first length the budget does not reach.
+    """
+    text = "Here is what I found. " * 30
+    target.create("sweep", "user", "long", {})
+    key = ("sweep", "user", "long")
+    count = 0
+    append: dict[int, float] = {}
+    recent: dict[int, float] = {}
+    deadline = time.perf_counter() + budget_s
+    clock = time.perf_counter_ns
+    for length in sorted(lengths):
+        fill = [(key, target.make_event(_filler(n, text))) for n in range(count, length)]
+        for start in range(0, len(fill), 512):
+            target.append_many(fill[start : start + 512])
+            if time.perf_counter() > deadline:
+                return {"append": append, "get_recent": recent}
+        count = length
+        times_append: list[int] = []
+        times_get: list[int] = []
+        for _ in range(samples):
+            event = target.make_event(_filler(count, text))
+            begin = clock()
+            target.append(key, event)
+            times_append.append(clock() - begin)
+            count += 1
+            begin = clock()
+            target.get("sweep", "user", "long", {"num_recent_events": 10})
+            times_get.append(clock() - begin)
+        append[length] = statistics.median(times_append) / 1e3
+        recent[length] = statistics.median(times_get) / 1e3
+        if time.perf_counter() > deadline:
+            break
+    return {"append": append, "get_recent": recent}
+
+
+def _concurrency_event(number: int) -> Event:
+    text = "The order shipped on Tuesday and should arrive within three days. " * 8
+    return Event(
+        author="model",
+        invocation_id=f"inv-{number}",
+        content={"role": "model", "parts": [{"text": text}]},
+        actions=EventActions(state_delta={"turn": number, "temp:step": number}),
+    )
+
+
+async def _tasks_throughput(service: SessionService, writers: int, seconds: float) -> float:
+    sessions = [
+        await service.create_session(
+            app_name="bench", user_id=f"u{i}", session_id=f"t{writers}-{i}"
+        )
+        for i in range(writers)
+    ]
+    done = [0] * writers
+    deadline = time.perf_counter() + seconds
+
+    async def writer(index: int) -> None:
+        session = sessions[index]
+        while time.perf_counter() < deadline:
+            await service.append_event(session, _concurrency_event(done[index]))
+            done[index] += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer(i) for i in range(writers)))
+    return sum(done) / (time.perf_counter() - started)
+
+
+def tasks_throughput(uri: str, writers: int, seconds: float) -> float:
+    """Return durable appends/s of ``writers`` asyncio tasks, each on its own session."""
+
+    async def main() -> float:
+        async with SessionService(uri) as service:
+            return await _tasks_throughput(service, writers, seconds)
+
+    return asyncio.run(main())
+
+
+def threads_throughput(uri: str, writers: int, seconds: float) -> float:
+    """Return durable appends/s of ``writers`` threads, each on its own session."""
+    with SyncSessionService(uri) as service:
+        sessions = [
+            service.create_session(app_name="bench", user_id=f"u{i}", session_id=f"th{writers}-{i}")
+            for i in range(writers)
+        ]
+        done = [0] * writers
+        start_gate = threading.Barrier(writers + 1)
+        deadline = 0.0
+
+        def writer(index: int) -> None:
+            start_gate.wait()
+            while time.perf_counter() < deadline:
+                service.append_event(sessions[index], _concurrency_event(done[index]))
+                done[index] += 1
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+        for thread in threads:
+            thread.start()
+        deadline = time.perf_counter() + seconds
+        started = time.perf_counter()
+        start_gate.wait()
+        for thread in threads:
+            thread.join()
+        return sum(done) / (time.perf_counter() - started)
+
+
+def _adk_tasks_throughput(service: Any, writers: int, seconds: float) -> float:
+    from google.adk.events import Event as AdkEvent
+
+    async def main() -> float:
+        sessions = [
+            await service.create_session(
+                app_name="bench", user_id=f"u{i}", session_id=f"t{writers}-{i}"
+            )
+            for i in range(writers)
+        ]
+        done = [0] * writers
+        deadline = time.perf_counter() + seconds
+
+        async def writer(index: int) -> None:
+            while time.perf_counter() < deadline:
+                record = event_to_record(_concurrency_event(done[index]))
+                await service.append_event(sessions[index], AdkEvent.model_validate(record))
+                done[index] += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(writer(i) for i in range(writers)))
+        rate = sum(done) / (time.perf_counter() - started)
+        close = getattr(service, "close", None)
+        if close is not None:
+            await close()
+        return rate
+
+    return asyncio.run(main())
+
+
+def concurrency_sweep(
+    directory: Path, writers: tuple[int, ...], seconds: float, peers: bool
+) -> dict[str, dict[int, float]]:
+    """Return durable appends/s against the number of writers, per target and kind."""
+    results: dict[str, dict[int, float]] = {}
+    tasks: dict[int, float] = {}
+    threads: dict[int, float] = {}
+    for n in writers:
+        tasks[n] = tasks_throughput(f"lmdb://{directory / f'tasks-{n}'}", n, seconds)
+        threads[n] = threads_throughput(f"lmdb://{directory / f'threads-{n}'}", n, seconds)
+    results["sessionscope lmdb durable, asyncio tasks"] = tasks
+    results["sessionscope lmdb durable, threads"] = threads
+    if peers and adk_available() is None:
+        from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+        sqlite: dict[int, float] = {}
+        for n in writers:
+            sqlite[n] = _adk_tasks_throughput(
+                SqliteSessionService(str(directory / f"adk-{n}.db")), n, seconds
+            )
+        results["adk SqliteSessionService, asyncio tasks"] = sqlite
+    return results
+
+
+# -- the job ---------------------------------------------------------------------
+
+
+def _targets(directory: Path, peers: bool, skipped: dict[str, str]) -> list[tuple[str, int]]:
+    lmdb_dir = directory / "lmdb"
+    targets = [
+        (f"lmdb://{lmdb_dir}-durable?durability=sync", 0),
+        (f"lmdb://{lmdb_dir}-deferred?durability=deferred", 0),
+        (f"lmdb://{lmdb_dir}-bulk?durability=deferred", -1),
+        ("memory://", 0),
+    ]
+    if not peers:
+        return targets
+    reason = adk_available()
+    if reason is not None:
+        for scheme in ADK_SCHEMES:
+            skipped[scheme] = reason
+        return targets
+    adapter = _adapter_available()
+    if adapter is None:
+        targets.append((f"adk-lmdb://{directory / 'adk-lmdb'}?durability=sync", 0))
+    else:
+        skipped["sessionscope adk lmdb"] = adapter
+    targets.append(("adk-memory://", 0))
+    targets.append((f"adk-sqlite://{directory / 'adk-sqlite.db'}", 0))
+    database = _database_available()
+    if database is None:
+        targets.append((f"adk-database://sqlite+aiosqlite:///{directory / 'adk-database.db'}", 0))
+    else:
+        skipped["adk DatabaseSessionService"] = database
+    return targets
+
+
+def run(
+    config: BenchConfig,
+    out: Path | None = None,
+    log: IO[str] | None = None,
+    progress: bool = True,
+) -> BenchReport:
+    """Run the whole job; write JSON and charts to ``out`` when given."""
+    log = log if log is not None else sys.stderr
+    started = time.perf_counter()
+    report = BenchReport(machine(), _config_dict(config))
+    spec = TraceSpec(sessions=config.sessions, seed=config.seed)
+    records = list(generate(spec))
+    directory = Path(tempfile.mkdtemp(prefix="sessionscope-bench-"))
+    try:
+        for uri, batch in _targets(directory, config.peers, report.skipped):
+            size = config.batch if batch < 0 else batch
+            log.write(f"replaying on {_label(uri, size)}\n")
+            log.flush()
+            try:
+                target = open_target(uri)
+            except (TargetError, ImportError) as error:
+                report.skipped[_label(uri, size)] = str(error)
+                continue
+            # The bulk path is the import path: the trace's writes, no reads between.
+            calls = [r for r in records if r["op"] in _WRITES] if size else records
+            try:
+                result = replay(
+                    target,
+                    calls,
+                    batch=size,
+                    progress=progress,
+                    budget_s=config.budget_s,
+                )
+            finally:
+                target.close()
+            report.results.append(result)
+        for sync in (True, False):
+            report.floors.append(raw_lmdb(records, directory, sync, config.budget_s / 2))
+        report.lengths = _length_sweeps(config, directory, log)
+        log.write("measuring concurrent writers\n")
+        report.concurrency = concurrency_sweep(
+            directory, config.writers, config.writer_seconds, config.peers
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    report.elapsed_s = time.perf_counter() - started
+    if out is not None:
+        write_outputs(report, out, config.charts)
+    return report
+
+
+def _length_sweeps(
+    config: BenchConfig, directory: Path, log: IO[str]
+) -> dict[str, dict[str, dict[int, float]]]:
+    log.write("measuring latency against session length\n")
+    uris = [("sessionscope lmdb deferred", f"lmdb://{directory / 'sweep'}?durability=deferred")]
+    if config.peers and adk_available() is None:
+        uris.append(("adk InMemorySessionService", "adk-memory://"))
+        uris.append(("adk SqliteSessionService", f"adk-sqlite://{directory / 'sweep-adk.db'}"))
+    sweeps = {}
+    for name, uri in uris:
+        target = open_target(uri)
+        try:
+            sweeps[name] = length_sweep(target, config.lengths, config.sweep_budget_s)
+        finally:
+            target.close()
+    return sweeps
+
+
+def _config_dict(config: BenchConfig) -> dict[str, Any]:
+    return {
+        "sessions": config.sessions,
+        "seed": config.seed,
+        "budget_s": config.budget_s,
+        "lengths": list(config.lengths),
+        "writers": list(config.writers),
+        "writer_seconds": config.writer_seconds,
+        "batch": config.batch,
+    }
+
+
+def write_outputs(report: BenchReport, out: Path, charts: bool = True) -> list[Path]:
+    """Write results.json, the table, and (with matplotlib) the PNG charts; return the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.txt"]
+    written[0].write_text(json.dumps(report.to_dict(), indent=2, default=_jsonable) + "\n")
+    written[1].write_text(report.format() + "\n")
+    if charts:
+        written.extend(_charts(report, out))
+    return written
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _charts(report: BenchReport, out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    if report.lengths:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for axis, op, title in zip(
+            axes,
+            ("append", "get_recent"),
+            ("append", "get_session(num_recent_events=10)"),
+            strict=True,
+        ):
+            for name, ops in report.lengths.items():
+                values = ops.get(op, {})
+                if values:
+                    xs = sorted(values)
+                    axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
+            axis.set_xscale("log")
+            axis.set_yscale("log")
+            axis.set_xlabel("events in the session")
+            axis.set_ylabel("median latency (us)")
+            axis.set_title(title)
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "latency_vs_length.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    if report.concurrency:
+        fig, axis = plt.subplots(figsize=(6.5, 4.2))
+        for name, values in report.concurrency.items():
+            xs = sorted(values)
+            axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent writers")
+        axis.set_ylabel("durable appends per second")
+        axis.set_title("throughput against concurrency")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "throughput_vs_concurrency.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+        fig, axis = plt.subplots(figsize=(6.5, 4.2))
+        for name, values in report.concurrency.items():
+            xs = sorted(values)
+            # Per-append latency seen by each writer: writers / throughput.
+            axis.plot(xs, [x / values[x] * 1e6 for x in xs], marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent writers")
+        axis.set_ylabel("mean append latency (us)")
+        axis.set_title("latency against concurrency")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "latency_vs_concurrency.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

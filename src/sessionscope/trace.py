@@ -1,0 +1,660 @@
+"""Session traces: a versioned JSONL record of session-service calls.
+
+A trace is a text file, one JSON object per line (gzip-compressed when the name
+ends in ``.gz``). The first line is the header::
+
+    {"format": "sessionscope-trace", "version": 1, "generator": {...}, "counts": {...}}
+
+Every other line is one call, with ``op`` one of:
+
+- ``create``: ``app``, ``user``, ``session``, ``state`` (may hold every scope)
+- ``append``: ``app``, ``user``, ``session``, ``event`` (the full event record:
+  ``id``, ``timestamp``, ``author``, ``invocation_id``, ``content`` as a
+  google.genai ``Content`` dict, ``actions.state_delta``, ...)
+- ``get``: ``app``, ``user``, ``session``, ``config`` (``null`` or
+  ``{"num_recent_events": n, "after_timestamp": t}``)
+- ``list``: ``app``, ``user`` (``null`` lists the whole app)
+- ``delete``: ``app``, ``user``, ``session``
+
+Values that JSON cannot hold are tagged: bytes as ``{"$bytes": base64}``. A map
+whose only key starts with ``$`` is wrapped as ``{"$map": {...}}`` so that a
+stored value can never be mistaken for a tag.
+
+The module also holds the deterministic generator of realistic agent traffic
+(``generate``), the ``Expectation`` a trace implies (final states and event
+counts), and ``export_trace``, which writes any store's sessions as a trace.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import heapq
+import io
+import json
+import random
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
+from .service import SyncSessionService, event_to_record
+
+__all__ = [
+    "FORMAT",
+    "OPS",
+    "VERSION",
+    "Expectation",
+    "SessionExpectation",
+    "TraceError",
+    "TraceSpec",
+    "decode_value",
+    "encode_value",
+    "export_trace",
+    "generate",
+    "read_trace",
+    "sample_trace_path",
+    "write_trace",
+]
+
+FORMAT = "sessionscope-trace"
+VERSION = 1
+OPS = ("create", "append", "get", "list", "delete")
+_SESSION_OPS = ("create", "append", "get", "delete")
+
+
+class TraceError(ValueError):
+    """A trace file is malformed, of another format, or of an unknown version."""
+
+
+# -- values ----------------------------------------------------------------
+
+
+def encode_value(value: Any) -> Any:
+    """Return ``value`` with bytes (and tag-like maps) made JSON-safe."""
+    if isinstance(value, (str, int, float)) or value is None:
+        return value
+    if isinstance(value, dict):
+        encoded = {key: encode_value(item) for key, item in value.items()}
+        if len(value) == 1 and next(iter(value)).startswith("$"):
+            return {"$map": encoded}
+        return encoded
+    if isinstance(value, (list, tuple)):
+        return [encode_value(item) for item in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} cannot be written to a trace")
+
+
+def decode_value(value: Any) -> Any:
+    """Return the value ``encode_value`` encoded."""
+    if isinstance(value, dict):
+        if len(value) == 1:
+            ((key, item),) = value.items()
+            if key == "$bytes":
+                return base64.b64decode(item)
+            if key == "$map":
+                return {k: decode_value(v) for k, v in item.items()}
+        return {key: decode_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [decode_value(item) for item in value]
+    return value
+
+
+def _needs_decoding(line: str) -> bool:
+    # Most lines hold no tag at all: skip the recursive walk for them.
+    return '"$' in line
+
+
+# -- reading and writing -----------------------------------------------------
+
+
+def _open_text(path: str | Path, mode: str) -> IO[str]:
+    if str(path).endswith(".gz"):
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8", newline="\n")
+    return open(path, mode, encoding="utf-8", newline="\n")
+
+
+def make_header(**fields: Any) -> dict[str, Any]:
+    """Return a trace header carrying ``fields`` besides the format and version."""
+    return {"format": FORMAT, "version": VERSION, **fields}
+
+
+def check_header(header: object, where: str = "trace") -> dict[str, Any]:
+    """Return a valid header, or raise TraceError saying what is wrong."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceError(f"{where} is not a sessionscope trace: its first line has no "
+                         f'"format": "{FORMAT}" header')  # fmt: skip
+    version = header.get("version")
+    if version != VERSION:
+        raise TraceError(
+            f"{where} is a sessionscope trace of version {version!r}; this version of "
+            f"sessionscope reads version {VERSION} only"
+        )
+    return header
+
+
+def write_trace(
+    path: str | Path, records: Iterable[Mapping[str, Any]], header: Mapping[str, Any] | None = None
+) -> int:
+    """Write a header and records as a trace file; return the number of records."""
+    head = make_header(
+        **{k: v for k, v in (header or {}).items() if k not in ("format", "version")}
+    )
+    count = 0
+    with _open_text(path, "w") as file:
+        file.write(_dumps(head))
+        file.write("\n")
+        for record in records:
+            file.write(dump_record(record))
+            file.write("\n")
+            count += 1
+    return count
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def dump_record(record: Mapping[str, Any]) -> str:
+    """Return the JSON line of one record (no newline)."""
+    return _dumps(encode_value(dict(record)))
+
+
+def read_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """Return a trace's header and an iterator over its records.
+
+    The header is read and checked at once; the records are read lazily and
+    each is checked for its op and ids, a bad line raising TraceError with its
+    line number.
+    """
+    name = str(path)
+    try:
+        file = _open_text(path, "r")
+    except FileNotFoundError:
+        raise TraceError(f"trace file {name} does not exist") from None
+    except OSError as error:
+        raise TraceError(f"cannot read trace file {name}: {error}") from None
+    try:
+        first = file.readline()
+        if not first.strip():
+            raise TraceError(f"{name} is empty: a trace starts with a header line")
+        try:
+            header = json.loads(first)
+        except json.JSONDecodeError:
+            raise TraceError(f"{name} is not a sessionscope trace: line 1 is not JSON") from None
+        check_header(header, name)
+    except BaseException:
+        file.close()
+        raise
+    return header, _records(file, name)
+
+
+def _records(file: IO[str], name: str) -> Iterator[dict[str, Any]]:
+    with file:
+        for number, line in enumerate(file, start=2):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise TraceError(f"{name}:{number}: not JSON ({error.msg})") from None
+            if _needs_decoding(line):
+                record = decode_value(record)
+            _check_record(record, name, number)
+            yield record
+
+
+def _check_record(record: Any, name: str, number: int) -> None:
+    if not isinstance(record, dict):
+        raise TraceError(f"{name}:{number}: a record must be a JSON object")
+    op = record.get("op")
+    if op not in OPS:
+        raise TraceError(f"{name}:{number}: unknown op {op!r}; known: {', '.join(OPS)}")
+    if not isinstance(record.get("app"), str):
+        raise TraceError(f"{name}:{number}: {op} needs an app")
+    if op in _SESSION_OPS and not (
+        isinstance(record.get("user"), str) and isinstance(record.get("session"), str)
+    ):
+        raise TraceError(f"{name}:{number}: {op} needs a user and a session")
+    if op == "append" and not isinstance(record.get("event"), dict):
+        raise TraceError(f"{name}:{number}: append needs an event object")
+
+
+def load_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Return a trace's header and all its records."""
+    header, records = read_trace(path)
+    return header, list(records)
+
+
+def sample_trace_path() -> Path:
+    """Return the path of the small sample trace shipped with the package."""
+    return Path(__file__).with_name("data") / "sample_trace.jsonl"
+
+
+# -- what a trace implies ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class SessionExpectation:
+    """What a session must hold after a trace: its own state and its events."""
+
+    state: dict[str, Any] = field(default_factory=dict)
+    event_count: int = 0
+    last_event_id: str | None = None
+    event_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Expectation:
+    """The final state of every app, user and session a trace touches."""
+
+    sessions: dict[tuple[str, str, str], SessionExpectation] = field(default_factory=dict)
+    app_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    user_state: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    apps: set[str] = field(default_factory=set)
+
+    def _apply(self, app: str, user: str, delta: Mapping[str, Any], own: dict[str, Any]) -> None:
+        for key, value in delta.items():
+            if key.startswith(APP_PREFIX):
+                self.app_state.setdefault(app, {})[key[len(APP_PREFIX) :]] = value
+            elif key.startswith(USER_PREFIX):
+                self.user_state.setdefault((app, user), {})[key[len(USER_PREFIX) :]] = value
+            elif not key.startswith(TEMP_PREFIX):
+                own[key] = value
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        """Account for one trace record."""
+        op = record["op"]
+        app = record["app"]
+        self.apps.add(app)
+        if op == "create":
+            key = (app, record["user"], record["session"])
+            expected = SessionExpectation()
+            self.sessions[key] = expected
+            self._apply(app, record["user"], record.get("state") or {}, expected.state)
+        elif op == "append":
+            event = record["event"]
+            if event.get("partial"):
+                return
+            key = (app, record["user"], record["session"])
+            found = self.sessions.get(key)
+            if found is None or event["id"] in found.event_ids:
+                return
+            delta = (event.get("actions") or {}).get("state_delta") or {}
+            self._apply(app, record["user"], delta, found.state)
+            found.event_count += 1
+            found.last_event_id = event["id"]
+            found.event_ids.add(event["id"])
+        elif op == "delete":
+            self.sessions.pop((app, record["user"], record["session"]), None)
+
+    @classmethod
+    def of(cls, records: Iterable[Mapping[str, Any]]) -> Expectation:
+        """Return what a trace's records imply."""
+        expectation = cls()
+        for record in records:
+            expectation.feed(record)
+        return expectation
+
+    def merged_state(self, app: str, user: str, session: str) -> dict[str, Any]:
+        """Return the state a read of the session must show (prefixed shared keys)."""
+        state = dict(self.sessions[(app, user, session)].state)
+        for name, value in self.app_state.get(app, {}).items():
+            state[APP_PREFIX + name] = value
+        for name, value in self.user_state.get((app, user), {}).items():
+            state[USER_PREFIX + name] = value
+        return state
+
+    @property
+    def event_count(self) -> int:
+        """Return the number of events stored at the end, over every session."""
+        return sum(s.event_count for s in self.sessions.values())
+
+
+# -- the generator -----------------------------------------------------------
+
+_VOCABULARY = (
+    "the a to of and in is that for it with as on be this are by you can or not "
+    "your from we at an will have more if which one all use when also has data "
+    "order account refund shipping invoice customer agent tool model request "
+    "response status price delivery address update error retry policy search "
+    "result summary schedule meeting calendar flight hotel booking payment card "
+    "weather forecast report query table column value session state memory "
+    "context prompt token budget latency cache index document page section note"
+)
+_WORDS = _VOCABULARY.split()
+_TOOLS = (
+    ("search_orders", ("customer_id", "status", "limit")),
+    ("get_weather", ("city", "unit")),
+    ("book_flight", ("origin", "destination", "date", "passengers")),
+    ("lookup_invoice", ("invoice_id",)),
+    ("run_sql", ("query", "database")),
+    ("send_email", ("to", "subject", "body")),
+)
+_AGENTS = ("root_agent", "support_agent", "planner", "billing_agent")
+_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so traces are reproducible
+
+
+@dataclass(slots=True, frozen=True)
+class TraceSpec:
+    """The shape of a generated trace."""
+
+    sessions: int = 200
+    apps: int = 2
+    users_per_app: int = 50
+    turns: tuple[int, int] = (2, 10)
+    concurrent: int = 32
+    get_every_turn: bool = True
+    list_every: int = 50
+    delete_fraction: float = 0.02
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the spec as a JSON-ready map."""
+        return {
+            "sessions": self.sessions,
+            "apps": self.apps,
+            "users_per_app": self.users_per_app,
+            "turns": list(self.turns),
+            "concurrent": self.concurrent,
+            "get_every_turn": self.get_every_turn,
+            "list_every": self.list_every,
+            "delete_fraction": self.delete_fraction,
+            "seed": self.seed,
+        }
+
+
+class _Text:
+    """Word salad of realistic lengths, cut from one fixed corpus (fast, seeded)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        words = [rng.choice(_WORDS) for _ in range(40_000)]
+        self.corpus = " ".join(words)
+        self.rng = rng
+
+    def __call__(self, low: int, high: int) -> str:
+        length = int(self.rng.triangular(low, high, low + (high - low) / 4))
+        start = self.rng.randrange(0, len(self.corpus) - length - 1)
+        text = self.corpus[start : start + length].strip()
+        return text[:1].upper() + text[1:] + "."
+
+
+class _SessionScript:
+    """Generates the calls of one session, one turn at a time."""
+
+    def __init__(self, gen: _Generator, app: str, user: str, sid: str, turns: int) -> None:
+        self.gen = gen
+        self.app = app
+        self.user = user
+        self.sid = sid
+        self.turns_left = turns
+        self.turn = 0
+        self.events = 0
+        self.created = False
+        self.agent = gen.rng.choice(_AGENTS)
+
+    def ids(self) -> dict[str, str]:
+        return {"app": self.app, "user": self.user, "session": self.sid}
+
+    def step(self) -> list[dict[str, Any]]:
+        """Return the next burst of calls: the create, or one full turn."""
+        gen = self.gen
+        rng = gen.rng
+        if not self.created:
+            self.created = True
+            state: dict[str, Any] = {
+                "agent": self.agent,
+                "locale": rng.choice(["en-US", "de-DE", "fr-FR", "ja-JP"]),
+                f"{USER_PREFIX}tier": rng.choice(["free", "pro", "enterprise"]),
+                f"{TEMP_PREFIX}request_started": gen.clock(),
+            }
+            return [{"op": "create", **self.ids(), "state": state}]
+        self.turn += 1
+        self.turns_left -= 1
+        calls: list[dict[str, Any]] = []
+        if gen.spec.get_every_turn:
+            # A runner reads the session before each turn, most often a window.
+            config: dict[str, Any] | None = rng.choice(
+                [
+                    None,
+                    {"num_recent_events": 10},
+                    {"num_recent_events": 10},
+                    {"num_recent_events": 20},
+                ]
+            )
+            calls.append({"op": "get", **self.ids(), "config": config})
+        invocation = f"e-{rng.getrandbits(64):016x}"
+        calls.append(self._event("user", invocation, self._user_content(), self._user_delta()))
+        for _ in range(rng.choice([0, 0, 1, 1, 2])):
+            call_id = f"adk-{rng.getrandbits(96):024x}"
+            name, params = rng.choice(_TOOLS)
+            args = {p: self._arg(p) for p in params}
+            call = {
+                "role": "model",
+                "parts": [{"function_call": {"id": call_id, "name": name, "args": args}}],
+            }
+            calls.append(self._event(gen.agent(self), invocation, call, self._tool_delta(name)))
+            reply = {"id": call_id, "name": name, "response": self._tool_result()}
+            response = {"role": "user", "parts": [{"function_response": reply}]}
+            calls.append(self._event(gen.agent(self), invocation, response, None))
+        if rng.random() < 0.15:
+            # A streamed chunk: never stored, but a runner hands it to the service.
+            chunk = {"role": "model", "parts": [{"text": gen.text(20, 120)}]}
+            calls.append(self._event(gen.agent(self), invocation, chunk, None, partial=True))
+        answer = {"role": "model", "parts": [{"text": gen.text(200, 2400)}]}
+        calls.append(self._event(gen.agent(self), invocation, answer, self._model_delta()))
+        return calls
+
+    def _event(
+        self,
+        author: str,
+        invocation: str,
+        content: dict[str, Any],
+        delta: dict[str, Any] | None,
+        partial: bool = False,
+    ) -> dict[str, Any]:
+        rng = self.gen.rng
+        event: dict[str, Any] = {
+            "id": f"{rng.getrandbits(128):032x}",
+            "timestamp": self.gen.clock(),
+            "author": author,
+            "invocation_id": invocation,
+            "content": content,
+        }
+        if partial:
+            event["partial"] = True
+        if delta:
+            event["actions"] = {"state_delta": delta}
+        if not partial:
+            self.events += 1
+        return {"op": "append", **self.ids(), "event": event}
+
+    def _user_content(self) -> dict[str, Any]:
+        return {"role": "user", "parts": [{"text": self.gen.text(20, 400)}]}
+
+    def _user_delta(self) -> dict[str, Any] | None:
+        rng = self.gen.rng
+        if rng.random() < 0.5:
+            return None
+        return {f"{TEMP_PREFIX}user_input_chars": rng.randrange(20, 400), "last_turn": self.turn}
+
+    def _tool_delta(self, name: str) -> dict[str, Any]:
+        rng = self.gen.rng
+        return {
+            f"{TEMP_PREFIX}pending_tool": name,
+            f"tool_calls.{name}": rng.randrange(1, 50),
+            f"{APP_PREFIX}tool_usage.{name}": rng.randrange(1, 10_000),
+        }
+
+    def _model_delta(self) -> dict[str, Any]:
+        rng = self.gen.rng
+        delta: dict[str, Any] = {
+            "turns": self.turn,
+            "summary": self.gen.text(40, 300),
+            f"{TEMP_PREFIX}scratch": {"draft": self.gen.text(10, 80), "step": self.turn},
+        }
+        if rng.random() < 0.3:
+            delta[f"{USER_PREFIX}preferences"] = {
+                "language": rng.choice(["en", "de", "fr", "ja"]),
+                "units": rng.choice(["metric", "imperial"]),
+                "topics": rng.sample(_WORDS, 3),
+            }
+        if rng.random() < 0.2:
+            delta[f"{USER_PREFIX}last_seen"] = self.gen.clock()
+        if rng.random() < 0.1:
+            delta[f"{APP_PREFIX}model_version"] = rng.choice(["gemini-2.5-flash", "gemini-2.5-pro"])
+        if rng.random() < 0.25:
+            delta["cart"] = [
+                {
+                    "sku": f"SKU-{rng.randrange(10**6):06d}",
+                    "qty": rng.randrange(1, 5),
+                    "price": round(rng.uniform(1, 500), 2),
+                }
+                for _ in range(rng.randrange(1, 6))
+            ]
+        return delta
+
+    def _arg(self, name: str) -> Any:
+        rng = self.gen.rng
+        if name in ("limit", "passengers"):
+            return rng.randrange(1, 10)
+        if name == "query":
+            return "SELECT * FROM orders WHERE status = 'open' LIMIT 10"
+        if name == "body":
+            return self.gen.text(50, 400)
+        return rng.choice(_WORDS) + "-" + str(rng.randrange(1000))
+
+    def _tool_result(self) -> dict[str, Any]:
+        rng = self.gen.rng
+        rows = [
+            {"id": rng.randrange(10**6), "status": rng.choice(["open", "shipped", "closed"]),
+             "total": round(rng.uniform(1, 900), 2), "note": self.gen.text(10, 60)}
+            for _ in range(rng.randrange(0, 8))
+        ]  # fmt: skip
+        return {"ok": True, "rows": rows, "elapsed_ms": rng.randrange(5, 900)}
+
+
+class _Generator:
+    def __init__(self, spec: TraceSpec) -> None:
+        self.spec = spec
+        self.rng = random.Random(spec.seed)
+        self.text = _Text(self.rng)
+        self.time = _BASE_TIME
+
+    def clock(self) -> float:
+        # Milliseconds apart, so every event has its own timestamp and floats stay exact.
+        self.time += self.rng.randrange(1, 400) / 1000
+        return round(self.time, 3)
+
+    def agent(self, script: _SessionScript) -> str:
+        return script.agent
+
+    def run(self) -> Iterator[dict[str, Any]]:
+        spec, rng = self.spec, self.rng
+        apps = [f"app-{i}" for i in range(spec.apps)]
+        pending = []
+        for number in range(spec.sessions):
+            app = apps[number % len(apps)]
+            user = f"user-{rng.randrange(spec.users_per_app):04d}"
+            sid = f"s-{number:06d}-{rng.getrandbits(32):08x}"
+            pending.append(_SessionScript(self, app, user, sid, rng.randint(*spec.turns)))
+        pending.reverse()
+        active: list[_SessionScript] = []
+        done: list[_SessionScript] = []
+        bursts = 0
+        while pending or active:
+            while pending and len(active) < spec.concurrent:
+                active.append(pending.pop())
+            script = active[rng.randrange(len(active))]
+            yield from script.step()
+            bursts += 1
+            if script.turns_left <= 0:
+                active.remove(script)
+                done.append(script)
+            if spec.list_every and bursts % spec.list_every == 0:
+                owner = script.user if rng.random() < 0.8 else None
+                yield {"op": "list", "app": script.app, "user": owner}
+        for script in done:
+            if rng.random() < spec.delete_fraction:
+                yield {"op": "delete", **script.ids()}
+
+
+def generate(spec: TraceSpec | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the records of a deterministic trace: the same spec gives the same records."""
+    return _Generator(spec or TraceSpec()).run()
+
+
+def generate_trace(path: str | Path, spec: TraceSpec | None = None) -> int:
+    """Write a generated trace to ``path``; return the number of records."""
+    spec = spec or TraceSpec()
+    return write_trace(
+        path, generate(spec), {"generator": {"name": "sessionscope", **spec.to_dict()}}
+    )
+
+
+# -- the exporter ------------------------------------------------------------
+
+
+def export_trace(store: Any, app_name: str, path: str | Path, user_id: str | None = None) -> int:
+    """Write the sessions of an app (or one user) in ``store`` as a trace; return records.
+
+    Creates and appends are merged in time order. A create carries the state
+    the events' deltas do not explain: a session's initial keys, and for the
+    first session of an app or user the shared keys that no exported event
+    sets (those written at a create, or by a session deleted since).
+    """
+    service = SyncSessionService(store)
+    metas = []
+    cursor: str | None = None
+    while True:
+        page = service.list_sessions(app_name=app_name, user_id=user_id, limit=1000, cursor=cursor)
+        metas.extend(page.sessions)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    sessions = []
+    for meta in sorted(metas, key=lambda m: (m.create_time, m.user_id, m.id)):
+        session = service.get_session(app_name=app_name, user_id=meta.user_id, session_id=meta.id)
+        if session is not None:
+            sessions.append((meta.create_time, session))
+    explained_app: set[str] = set()
+    explained_user: dict[str, set[str]] = {}
+    timelines = []
+    for order, (created, session) in enumerate(sessions):
+        records = [event_to_record(event) for event in session.events]
+        set_keys = {k for r in records for k in (r.get("actions") or {}).get("state_delta", {})}
+        explained_app.update(k for k in set_keys if k.startswith(APP_PREFIX))
+        explained_user.setdefault(session.user_id, set()).update(
+            k for k in set_keys if k.startswith(USER_PREFIX)
+        )
+        timelines.append((order, created, session, records, set_keys))
+    seen_users: set[str] = set()
+    streams: list[list[tuple[float, int, int, dict[str, Any]]]] = []
+    for order, created, session, records, set_keys in timelines:
+        state = {}
+        for key, value in session.state.items():
+            if key.startswith(APP_PREFIX):
+                if order == 0 and key not in explained_app:
+                    state[key] = value
+            elif key.startswith(USER_PREFIX):
+                if session.user_id not in seen_users and key not in explained_user[session.user_id]:
+                    state[key] = value
+            elif key not in set_keys:
+                state[key] = value
+        seen_users.add(session.user_id)
+        ids = {"app": app_name, "user": session.user_id, "session": session.id}
+        # heapq.merge needs each stream sorted: a session's calls keep their order,
+        # placed at the running maximum of their times (a replay creates sessions
+        # at the wall clock, after the traced event timestamps).
+        stamps = [float(record["timestamp"]) for record in records]
+        at = min([created, *stamps[:1]])
+        stream = [(at, order, 0, {"op": "create", **ids, "state": state})]
+        for seq, (stamp, record) in enumerate(zip(stamps, records, strict=True), start=1):
+            at = max(at, stamp)
+            stream.append((at, order, seq, {"op": "append", **ids, "event": record}))
+        streams.append(stream)
+    merged = (item[3] for item in heapq.merge(*streams, key=lambda item: item[:3]))
+    header = {"generator": {"name": "sessionscope-export", "app": app_name, "user": user_id}}
+    return write_trace(path, merged, header)

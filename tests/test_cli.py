@@ -1,0 +1,140 @@
+"""The ``sessionscope`` command, run as ``python -m sessionscope`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sessionscope.replay import open_target, replay
+from sessionscope.trace import FORMAT, Expectation, load_trace, sample_trace_path
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the command; never on a terminal, so no progress bar is drawn."""
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    return subprocess.run(
+        [sys.executable, "-m", "sessionscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+        check=False,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    done = run("--help")
+    assert done.returncode == 0
+    for command in ("bench", "replay", "generate", "export"):
+        assert command in done.stdout
+    assert run("replay", "--help").returncode == 0
+
+
+def test_no_command_prints_help_and_fails() -> None:
+    done = run()
+    assert done.returncode == 2
+    assert "usage: sessionscope" in done.stdout
+
+
+def test_replay_sample_on_lmdb(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    store = f"lmdb://{tmp_path / 'store'}?durability=deferred"
+    done = run("replay", "sample", "--store", store, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "verify   ok" in done.stdout
+    assert "p99 us" in done.stdout
+    assert done.stderr == ""
+    result = json.loads(out.read_text())
+    assert result["problems"] == []
+    assert result["latency"]["append"]["count"] > 0
+
+
+def test_replay_with_batches(tmp_path: Path) -> None:
+    done = run("replay", str(sample_trace_path()), "--store", "memory://", "--batch", "32")
+    assert done.returncode == 0, done.stderr
+    assert "bulk path, batches of 32" in done.stdout
+
+
+def test_replay_into_a_used_store_exits_1(tmp_path: Path) -> None:
+    store = f"lmdb://{tmp_path / 'store'}"
+    assert run("replay", "sample", "--store", store, "--no-verify").returncode == 0
+    done = run("replay", "sample", "--store", store)
+    assert done.returncode == 1
+    assert "already exists" in done.stderr
+    assert "new, empty store" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replay", "missing.jsonl", "--store", "memory://"], "does not exist"),
+        (["replay", "sample", "--store", "redis://x"], "unknown target scheme 'redis'"),
+        (["replay", "sample", "--store", "memory"], "not a target URI"),
+        (["replay", "sample", "--store", "lmdb:///tmp/x?bogus=1"], "unknown lmdb:// option"),
+        (["export", "out.jsonl", "--store", "lmdb:///no/such/store", "--app", "a"], "no store"),
+        (["export", "out.jsonl", "--store", "ftp://x", "--app", "a"], "unknown store scheme"),
+        (["replay", "sample", "--store", "memory://", "--batch", "0"], "not positive"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_error(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    done = run(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unknown_trace_version_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "future.jsonl"
+    path.write_text(json.dumps({"format": FORMAT, "version": 99}) + "\n")
+    done = run("replay", str(path), "--store", "memory://")
+    assert done.returncode == 2
+    assert "version 99" in done.stderr
+
+
+def test_generate_is_deterministic(tmp_path: Path) -> None:
+    for name in ("a.jsonl", "b.jsonl"):
+        done = run("generate", str(tmp_path / name), "--sessions", "5", "--seed", "3")
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+def test_export_then_replay(tmp_path: Path) -> None:
+    _, records = load_trace(sample_trace_path())
+    uri = f"lmdb://{tmp_path / 'store'}?durability=deferred"
+    target = open_target(uri)
+    assert replay(target, records, progress=False).problems == []
+    target.close()
+    out = tmp_path / "export.jsonl"
+    done = run("export", str(out), "--store", uri, "--app", "app-0")
+    assert done.returncode == 0, done.stderr
+    _, exported = load_trace(out)
+    want = {k for k in Expectation.of(records).sessions if k[0] == "app-0"}
+    assert set(Expectation.of(exported).sessions) == want
+    done = run("replay", str(out), "--store", "memory://")
+    assert done.returncode == 0, done.stderr
+
+
+def test_bench_quick_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    done = run(
+        "bench", "--quick", "--sessions", "4", "--budget", "0.2", "--no-peers",
+        "--no-progress", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "sessionscope lmdb durable" in done.stdout
+    assert "raw lmdb put+commit, fsync" in done.stdout
+    assert "lift" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["results"][0]["problems"] == []
+    assert set(results["throughput_vs_writers"]) >= {"sessionscope lmdb durable, asyncio tasks"}
+    pytest.importorskip("matplotlib")
+    assert (out / "latency_vs_length.png").stat().st_size > 0
+    assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
