@@ -13,9 +13,11 @@ callers ``await`` it; a finished completion never suspends the event loop.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
-import concurrent.futures
-from collections.abc import Callable, Generator
+import contextlib
+import threading
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -27,10 +29,12 @@ __all__ = [
     "AppendResult",
     "Completion",
     "LoadedSession",
+    "Pending",
     "SessionRecord",
     "Store",
     "check_append",
     "events_seen",
+    "finish_all",
     "needs_stored_state",
 ]
 
@@ -38,20 +42,94 @@ T = TypeVar("T")
 Items = list[tuple[str, bytes]]
 
 
-class Completion(Generic[T]):
-    """The outcome of a store write: finished now, or when a future resolves."""
+# Guards the hand-over between a finishing thread and a waiter; held for a
+# few attribute reads and writes only.
+_handover = threading.Lock()
 
-    __slots__ = ("_error", "_future", "_value")
+
+class Pending(Generic[T]):
+    """A write another thread finishes, waited on by one thread or one task.
+
+    Lighter than a ``concurrent.futures.Future``: a waiting thread blocks on
+    a bare lock, and ``finish_all`` wakes each event loop once per batch of
+    writes rather than once per write.
+    """
+
+    __slots__ = ("_done", "_loop_waiter", "_ok", "_thread_waiter", "_value")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._ok = False
+        self._value: Any = None
+        self._thread_waiter: Any = None
+        self._loop_waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def wait(self) -> T:
+        """Block the calling thread until the write is done; return or raise its outcome."""
+        waiter = None
+        with _handover:
+            if not self._done:
+                waiter = _thread.allocate_lock()
+                waiter.acquire()
+                self._thread_waiter = waiter
+        if waiter is not None:
+            waiter.acquire()
+        return self._outcome()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        future = None
+        with _handover:
+            if not self._done:
+                loop = asyncio.get_running_loop()
+                future = loop.create_future()
+                self._loop_waiter = (loop, future)
+        if future is not None:
+            yield from future.__await__()
+        return self._outcome()
+
+    def _outcome(self) -> T:
+        if self._ok:
+            return self._value  # type: ignore[no-any-return]
+        raise self._value
+
+
+def finish_all(outcomes: Iterable[tuple[Pending[Any], bool, Any]]) -> None:
+    """Finish writes (pending, ok, value or error) and wake whoever waits on them."""
+    loops: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for pending, ok, value in outcomes:
+        with _handover:
+            pending._ok, pending._value, pending._done = ok, value, True
+            thread_waiter, loop_waiter = pending._thread_waiter, pending._loop_waiter
+        if thread_waiter is not None:
+            thread_waiter.release()
+        if loop_waiter is not None:
+            loops.setdefault(loop_waiter[0], []).append(loop_waiter[1])
+    for loop, futures in loops.items():
+        # A closed loop has no one left to wake.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_wake, futures)
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
+
+
+class Completion(Generic[T]):
+    """The outcome of a store write: finished now, or when a ``Pending`` finishes."""
+
+    __slots__ = ("_error", "_pending", "_value")
 
     def __init__(
         self,
         value: T | None = None,
         error: BaseException | None = None,
-        future: concurrent.futures.Future[T] | None = None,
+        pending: Pending[T] | None = None,
     ) -> None:
         self._value = value
         self._error = error
-        self._future = future
+        self._pending = pending
 
     @classmethod
     def done(cls, value: T) -> Completion[T]:
@@ -64,21 +142,21 @@ class Completion(Generic[T]):
         return cls(error=error)
 
     @classmethod
-    def pending(cls, future: concurrent.futures.Future[T]) -> Completion[T]:
-        """Return a completion that finishes with ``future``."""
-        return cls(future=future)
+    def waiting(cls, pending: Pending[T]) -> Completion[T]:
+        """Return a completion that finishes when ``pending`` does."""
+        return cls(pending=pending)
 
     def result(self) -> T:
         """Block until the write is done; return its value or raise its error."""
-        if self._future is not None:
-            return self._future.result()
+        if self._pending is not None:
+            return self._pending.wait()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._future is not None:
-            return (yield from asyncio.wrap_future(self._future).__await__())
+        if self._pending is not None:
+            return (yield from self._pending.__await__())
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

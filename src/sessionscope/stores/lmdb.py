@@ -36,7 +36,6 @@ import queue
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from functools import lru_cache
 from hashlib import blake2b
 from itertools import islice
@@ -53,9 +52,11 @@ from .base import (
     Completion,
     Items,
     LoadedSession,
+    Pending,
     SessionRecord,
     check_append,
     events_seen,
+    finish_all,
     needs_stored_state,
 )
 
@@ -212,11 +213,11 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
-        self._writes: queue.SimpleQueue[tuple[Callable[[Any], Any], Future[Any]] | None]
+        self._writes: queue.SimpleQueue[tuple[Callable[[Any], Any], Pending[Any]] | None]
         self._writer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
         self._sync_cond = threading.Condition()
-        self._sync_waiters: list[Future[None]] = []
+        self._sync_waiters: list[Pending[None]] = []
         self._dirty = False
         if durability == "sync":
             self._writes = queue.SimpleQueue()
@@ -334,9 +335,9 @@ class LmdbStore:
         """Run a write: queued for group commit, or inline without fsync."""
         self._check_open()
         if self._writer is not None:
-            future: Future[T] = Future()
-            self._writes.put((action, future))
-            return Completion.pending(future)
+            pending: Pending[T] = Pending()
+            self._writes.put((action, pending))
+            return Completion.waiting(pending)
         ok, value = self._run_writes([action])[0]
         return Completion.done(value) if ok else Completion.failed(value)
 
@@ -388,11 +389,10 @@ class LmdbStore:
                 outcomes = self._run_writes([action for action, _ in batch])
             except BaseException as error:  # every waiter must hear of it
                 outcomes = [(False, error)] * len(batch)
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+            finish_all(
+                (pending, ok, value)
+                for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
+            )
             if stop:
                 return
 
@@ -412,11 +412,7 @@ class LmdbStore:
                         self._env.sync(True)
                 except BaseException as failure:  # reported to flushers
                     error = failure
-            for waiter in waiters:
-                if error is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(error)
+            finish_all((waiter, error is None, error) for waiter in waiters)
             if closing:
                 return
 
@@ -678,11 +674,11 @@ class LmdbStore:
         self._check_open()
         if self._syncer is None:
             return Completion.done(None)
-        future: Future[None] = Future()
+        pending: Pending[None] = Pending()
         with self._sync_cond:
-            self._sync_waiters.append(future)
+            self._sync_waiters.append(pending)
             self._sync_cond.notify()
-        return Completion.pending(future)
+        return Completion.waiting(pending)
 
     def close(self) -> None:
         """Flush, stop the background thread and release the environment."""
