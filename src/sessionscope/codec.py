@@ -27,6 +27,7 @@ __all__ = [
     "encode_value",
     "events_equal",
     "pack",
+    "pack_event",
     "unpack",
 ]
 
@@ -65,6 +66,12 @@ def encode_items(items: Mapping[str, Any]) -> list[tuple[str, bytes]]:
 def encode_event(record: Mapping[str, Any], path: str = "event") -> bytes:
     """Check an event record and return its versioned bytes."""
     check_storable(record, path)
+    result: bytes = _EVENT_PREFIX + pack(record)
+    return result
+
+
+def pack_event(record: Mapping[str, Any]) -> bytes:
+    """Return the versioned bytes of a record whose values are already checked."""
     result: bytes = _EVENT_PREFIX + pack(record)
     return result
 

@@ -185,7 +185,9 @@ class NativeModel:
 
     def encode_event(self, event: Event) -> bytes:
         """Return the stored record of an event: its set fields only."""
-        return codec.encode_event(event_to_record(event))
+        # event_to_record checks every field but the delta, which
+        # partition_checked has checked: no second walk over the record.
+        return codec.pack_event(event_to_record(event))
 
     def decode_events(self, records: list[bytes]) -> list[Event]:
         """Return the events stored as ``records``."""
@@ -463,7 +465,7 @@ class ServiceCore(Generic[S, E]):
         self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
     ) -> E:
         """Bring the live session up to date with what the store took."""
-        if result.duplicate or result.record is None:
+        if result.duplicate or result.marker is None:
             return event
         state, events, _ = self.model.live_parts(session)
         missed = self.model.decode_events(result.missed_events) if result.missed_events else []
@@ -483,7 +485,7 @@ class ServiceCore(Generic[S, E]):
             apply_delta(state, prepared.temp)
         events.extend(missed)
         events.append(event)
-        self.model.update_session(session, result.record.last_update_time, result.record.marker)
+        self.model.update_session(session, result.last_update_time, result.marker)
         return event
 
 
@@ -704,27 +706,33 @@ class SyncSessionService:
 
         Each append is applied on top of what is stored, like
         ``append_event_locked``, but events others appended meanwhile are not
-        brought into the live sessions. On an error the appends before the
-        failing one stay stored and applied, and the error is raised.
+        brought into the live sessions. A bad event anywhere in the batch is
+        refused before anything is stored. An error the store meets (a missing
+        session, a conflicting event id) stops the batch there: the appends
+        before it stay stored and applied to their sessions, and it is raised.
         """
         core = self._core
         batch: list[tuple[Session, Event, PreparedAppend]] = []
-        for session, event in appends:
-            prepared = core.prepare_append(session, event, locked=True)
-            if prepared is not None:
-                prepared.request.catch_up = False
-                batch.append((session, event, prepared))
         try:
-            results = self.store.append_many([p.request for _, _, p in batch]).result()
+            for session, event in appends:
+                prepared = core.prepare_append(session, event, locked=True)
+                if prepared is not None:
+                    prepared.request.catch_up = False
+                    batch.append((session, event, prepared))
         except BaseException:
-            # Which appends landed is unknown here: read the sessions again.
             for _, event, prepared in batch:
                 core.abandon_append(event, prepared)
             raise
-        return [
+        results, error = self.store.append_many([p.request for _, _, p in batch]).result()
+        finished = [
             core.finish_append(session, event, prepared, result)
-            for (session, event, prepared), result in zip(batch, results, strict=True)
+            for (session, event, prepared), result in zip(batch, results, strict=False)
         ]
+        for _, event, prepared in batch[len(results) :]:
+            core.abandon_append(event, prepared)
+        if error is not None:
+            raise error
+        return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix."""

@@ -27,6 +27,7 @@ from ..errors import DuplicateEventError, SessionNotFoundError, StaleSessionErro
 __all__ = [
     "AppendRequest",
     "AppendResult",
+    "BatchOutcome",
     "Completion",
     "LoadedSession",
     "Pending",
@@ -241,15 +242,20 @@ class AppendRequest:
 
 @dataclass(slots=True)
 class AppendResult:
-    """What an append did: the new record, or that it was a repeat."""
+    """What an append did: the session's new marker and time, or that it was a repeat."""
 
-    record: SessionRecord | None
+    marker: str | None
+    last_update_time: float = 0.0
     duplicate: bool = False
     missed_events: list[bytes] = field(default_factory=list)
     # The stored maps after the append, for a locked append from a copy whose
     # history is unknown (built by hand): replaying missed events cannot
     # rebuild what it never read.
     stored_state: LoadedSession | None = None
+
+
+# What a batch append did: a result per request appended, and what stopped it.
+BatchOutcome = tuple[list[AppendResult], "BaseException | None"]
 
 
 def check_append(
@@ -357,11 +363,12 @@ class Store(Protocol):
         """Append one event and apply its packed delta, all or nothing."""
         ...
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
-        """Append a batch in order, in as few transactions as possible.
+    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+        """Append a batch in order, in as few transactions as possible (replay, import).
 
-        For replay and import. On an error the requests before the failing one
-        stay appended, and the error is raised.
+        Returns the results of the requests appended and the error that
+        stopped the batch (None when all were): the requests before a failing
+        one stay appended, those after it are not tried.
         """
         ...
 

@@ -49,6 +49,7 @@ from ..errors import AlreadyExistsError, IncompatibleStoreError, StoreClosedErro
 from .base import (
     AppendRequest,
     AppendResult,
+    BatchOutcome,
     Completion,
     Items,
     LoadedSession,
@@ -590,8 +591,21 @@ class LmdbStore:
 
         return self._write(delete)
 
-    def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
-        record = self._record(txn, request.app_name, request.user_id, request.session_id)
+    def _append(
+        self,
+        txn: Any,
+        request: AppendRequest,
+        records: dict[tuple[str, str, str], SessionRecord] | None = None,
+    ) -> AppendResult:
+        """Append one event; with ``records``, session records are read once and
+        written by the caller (``append_many`` writes each once per batch)."""
+        ids = (request.app_name, request.user_id, request.session_id)
+        if records is not None and ids in records:
+            record: SessionRecord | None = records[ids]
+        else:
+            record = self._record(txn, *ids)
+            if records is not None and record is not None:
+                records[ids] = record
         data = self._data
         stored = None
         if record is not None:
@@ -628,8 +642,9 @@ class LmdbStore:
         record.event_count += 1
         record.last_update_time = request.timestamp
         record.last_event_id = request.event_id
-        self._put_record(txn, record)
-        result = AppendResult(record, missed_events=missed)
+        if records is None:
+            self._put_record(txn, record)
+        result = AppendResult(record.marker, record.last_update_time, missed_events=missed)
         if needs_stored_state(request):
             result.stored_state = self._loaded(txn, record, [])
         return result
@@ -638,27 +653,34 @@ class LmdbStore:
         """Append one event and apply its packed delta, all or nothing."""
         return self._write(lambda txn: self._append(txn, request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
-        """Append a batch in one transaction; on an error, commit those before it."""
+    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+        """Append a batch in one transaction; on an error, commit those before it.
+
+        Each session record is read once and written once per batch.
+        """
 
         def append_all(txn: Any) -> list[AppendResult]:
             results: list[AppendResult] = []
+            records: dict[tuple[str, str, str], SessionRecord] = {}
             for request in requests:
                 try:
-                    results.append(self._append(txn, request))
+                    results.append(self._append(txn, request, records))
                 except lmdb.MapFullError:
                     raise
                 except Exception as error:
                     raise _PartialBatch(len(results), error) from error
+            for record in records.values():
+                self._put_record(txn, record)
             return results
 
-        completion = self._write(append_all)
         try:
-            return Completion.done(completion.result())
+            return Completion.done((self._write(append_all).result(), None))
         except _PartialBatch as partial:
+            # The transaction was aborted: append again what came before the error.
+            done: list[AppendResult] = []
             if partial.applied:
-                self.append_many(requests[: partial.applied]).result()
-            return Completion.failed(partial.error)
+                done, _ = self.append_many(requests[: partial.applied]).result()
+            return Completion.done((done, partial.error))
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""

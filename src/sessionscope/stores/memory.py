@@ -16,6 +16,7 @@ from ..errors import AlreadyExistsError, StoreClosedError
 from .base import (
     AppendRequest,
     AppendResult,
+    BatchOutcome,
     Completion,
     Items,
     LoadedSession,
@@ -159,14 +160,17 @@ class MemoryStore:
             except Exception as error:  # handed to the caller
                 return Completion.failed(error)
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
         """Append a batch in order under one lock; stop at the first error."""
         with self._lock:
             self._check_open()
-            try:
-                return Completion.done([self._append(r) for r in requests])
-            except Exception as error:  # handed to the caller
-                return Completion.failed(error)
+            results: list[AppendResult] = []
+            for request in requests:
+                try:
+                    results.append(self._append(request))
+                except Exception as error:  # it stops the batch; the caller raises it
+                    return Completion.done((results, error))
+            return Completion.done((results, None))
 
     def _append(self, request: AppendRequest) -> AppendResult:
         stored = self._find(request.app_name, request.user_id, request.session_id)
@@ -190,7 +194,7 @@ class MemoryStore:
         record.event_count += 1
         record.last_update_time = request.timestamp
         record.last_event_id = request.event_id
-        result = AppendResult(_copy(record), missed_events=missed)
+        result = AppendResult(record.marker, record.last_update_time, missed_events=missed)
         if needs_stored_state(request):
             result.stored_state = self._loaded(stored, [])
         return result

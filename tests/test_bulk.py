@@ -1,0 +1,111 @@
+"""SyncSessionService.append_many: the bulk path of replay and import, on every store."""
+
+from __future__ import annotations
+
+import pytest
+
+import _stores
+from sessionscope import Event, EventActions, SyncSessionService
+from sessionscope.errors import DuplicateEventError, SessionNotFoundError, StateValueError
+
+svc = _stores.svc
+store_factory = _stores.store_factory
+
+APP, USER = "app", "user"
+
+
+def ev(delta: dict[str, object] | None = None, **fields: object) -> Event:
+    return Event(author="agent", actions=EventActions(state_delta=dict(delta or {})), **fields)  # type: ignore[arg-type]
+
+
+def ids(events: list[Event]) -> list[str]:
+    return [e.id for e in events]
+
+
+def test_a_batch_over_several_sessions_lands_in_order(svc: SyncSessionService) -> None:
+    """Events of many sessions in one batch are stored in order, deltas by scope."""
+    a = svc.create_session(app_name=APP, user_id=USER, session_id="a")
+    b = svc.create_session(app_name=APP, user_id="other", session_id="b")
+    batch = [
+        (a, ev({"n": 1, "app:total": 1, "temp:t": "x"})),
+        (b, ev({"n": 10, "user:seen": True})),
+        (a, ev({"n": 2, "user:name": "Ada"})),
+        (a, ev({"app:total": 3})),
+    ]
+    appended = svc.append_many(batch)
+
+    assert appended == [event for _, event in batch]
+    stored_a = svc.get_session(app_name=APP, user_id=USER, session_id="a")
+    stored_b = svc.get_session(app_name=APP, user_id="other", session_id="b")
+    assert stored_a is not None and stored_b is not None
+    assert ids(stored_a.events) == [batch[0][1].id, batch[2][1].id, batch[3][1].id]
+    assert ids(stored_b.events) == [batch[1][1].id]
+    assert stored_a.state == {"n": 2, "app:total": 3, "user:name": "Ada"}
+    assert stored_b.state == {"n": 10, "app:total": 3, "user:seen": True}
+    # The live sessions moved with the store: same events, state (plus temp), marker.
+    assert ids(a.events) == ids(stored_a.events)
+    assert a.revision == stored_a.revision and b.revision == stored_b.revision
+    assert a.state == {**stored_a.state, "temp:t": "x"}
+    assert a.last_update_time == batch[3][1].timestamp
+    assert "temp:t" not in batch[0][1].actions.state_delta
+    # The live copy is current: a plain append from it is not stale.
+    svc.append_event(a, ev({"n": 3}))
+
+
+def test_a_repeated_event_in_a_batch_is_stored_once(svc: SyncSessionService) -> None:
+    """The same event twice in a batch is a repeat, not a second entry."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    event = ev({"n": 1})
+    svc.append_many([(s, event), (s, event)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and ids(stored.events) == [event.id]
+
+
+def test_a_store_error_keeps_what_came_before_it(svc: SyncSessionService) -> None:
+    """A missing session stops the batch: earlier appends stay, later ones are not tried."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
+    svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+    first, second, after = ev({"n": 1}), ev({"temp:t": 1, "n": 2}), ev({"n": 3, "temp:u": 2})
+    with pytest.raises(SessionNotFoundError):
+        svc.append_many([(s, first), (s, second), (ghost, ev()), (s, after)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None
+    assert ids(stored.events) == [first.id, second.id]
+    assert stored.state == {"n": 2}
+    assert ids(s.events) == [first.id, second.id] and s.revision == stored.revision
+    # The event that was not tried keeps its temp key for a retry.
+    assert after.actions.state_delta == {"n": 3, "temp:u": 2}
+
+
+def test_a_conflicting_event_id_stops_the_batch(svc: SyncSessionService) -> None:
+    """An id stored with other content is an error; nothing after it is stored."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    original = svc.append_event(s, ev({"n": 1}))
+    clash = ev({"n": 2}, id=original.id)
+    later = ev({"n": 3})
+    with pytest.raises(DuplicateEventError):
+        svc.append_many([(s, clash), (s, later)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and ids(stored.events) == [original.id]
+
+
+def test_a_bad_value_anywhere_stores_nothing(svc: SyncSessionService) -> None:
+    """An unstorable value is refused before any append of the batch is stored."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    good = ev({"n": 1, "temp:t": 1})
+    with pytest.raises(StateValueError, match=r"state\['bad'\]"):
+        svc.append_many([(s, good), (s, ev({"bad": {1, 2}}))])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and stored.events == [] and stored.state == {}
+    assert s.events == [] and good.actions.state_delta == {"n": 1, "temp:t": 1}
+
+
+def test_partial_events_are_skipped(svc: SyncSessionService) -> None:
+    """A partial event in a batch is returned untouched and not stored."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    partial, whole = ev({"n": 1}, partial=True), ev({"n": 2})
+    assert svc.append_many([(s, partial), (s, whole)]) == [whole]
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and ids(stored.events) == [whole.id]
+    assert partial.actions.state_delta == {"n": 1}
