@@ -83,13 +83,17 @@ _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 
 
-@lru_cache(maxsize=4096)
-def _part(text: str) -> bytes:
+def _unique_part(text: str) -> bytes:
     """Return the key part of an id: self-delimiting, so parts concatenate safely."""
     raw = text.encode()
     if len(raw) <= _RAW_PART_LIMIT:
         return len(raw).to_bytes(2, "big") + raw
     return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+
+
+# App, user, session ids and state keys recur from call to call: remember their
+# parts. Event ids never recur, so they take _unique_part and stay out of the cache.
+_part = lru_cache(maxsize=4096)(_unique_part)
 
 
 def _sortable_time(timestamp: float) -> bytes:
@@ -610,7 +614,7 @@ class LmdbStore:
         stored = None
         if record is not None:
             number = _U64.pack(record.number)
-            id_key = number + _EVENT_ID + _part(request.event_id)
+            id_key = number + _EVENT_ID + _unique_part(request.event_id)
             seq = txn.get(id_key, db=data)
             if seq is not None:
                 stored = txn.get(number + _EVENT + seq, db=data)[8:]
@@ -621,7 +625,7 @@ class LmdbStore:
         if request.catch_up:
 
             def seq_of(event_id: str) -> int | None:
-                seq = txn.get(number + _EVENT_ID + _part(event_id), db=data)
+                seq = txn.get(number + _EVENT_ID + _unique_part(event_id), db=data)
                 return None if seq is None else int(_U64.unpack(seq)[0])
 
             known = events_seen(request, record, seq_of)
