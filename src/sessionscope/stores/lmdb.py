@@ -31,6 +31,7 @@ fsync and a background thread syncs every ``flush_interval`` seconds and on
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import struct
@@ -80,6 +81,7 @@ _DIGEST_MARK = b"\xff\xff"
 _LMDB_MAGIC = 0xBEEFC0DE
 _MAX_BATCH = 1024
 _U64 = struct.Struct(">Q")
+_Queued = tuple[Callable[[Any], Any], Pending[Any]]
 _F64 = struct.Struct(">d")
 
 
@@ -218,7 +220,9 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
-        self._writes: queue.SimpleQueue[tuple[Callable[[Any], Any], Pending[Any]] | None]
+        self._writes: queue.SimpleQueue[_Queued | None]
+        # Held by whichever thread commits queued writes: the writer or a caller.
+        self._leader = threading.Lock()
         self._writer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
         self._sync_cond = threading.Condition()
@@ -339,12 +343,21 @@ class LmdbStore:
     def _write(self, action: Callable[[Any], T]) -> Completion[T]:
         """Run a write: queued for group commit, or inline without fsync."""
         self._check_open()
-        if self._writer is not None:
-            pending: Pending[T] = Pending()
-            self._writes.put((action, pending))
-            return Completion.waiting(pending)
-        ok, value = self._run_writes([action])[0]
-        return Completion.done(value) if ok else Completion.failed(value)
+        if self._writer is None:
+            ok, value = self._run_writes([action])[0]
+            return Completion.done(value) if ok else Completion.failed(value)
+        pending: Pending[T] = Pending()
+        self._writes.put((action, pending))
+        # A thread with no event loop may commit the queue itself (it would
+        # only wait otherwise), saving two thread wake-ups; a thread running
+        # an event loop leaves the disk wait to the writer thread.
+        if asyncio._get_running_loop() is None and self._leader.acquire(blocking=False):
+            try:
+                while self._commit_queued():
+                    pass
+            finally:
+                self._leader.release()
+        return Completion.waiting(pending)
 
     def _run_writes(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
         """Run writes in one transaction; if one fails, run each in its own.
@@ -374,32 +387,41 @@ class LmdbStore:
                 return [self._run_writes([action])[0] for action in actions]
 
     def _write_loop(self) -> None:
-        """Commit queued writes, as many per transaction as are waiting."""
+        """Commit queued writes that no calling thread commits, until closed."""
         while True:
             item = self._writes.get()
             if item is None:
                 return
-            batch = [item]
-            stop = False
-            while len(batch) < _MAX_BATCH:
-                try:
-                    item = self._writes.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
+            with self._leader:
+                self._commit_queued(item)
+
+    def _commit_queued(self, first: _Queued | None = None) -> bool:
+        """Commit ``first`` and every write waiting behind it in one transaction.
+
+        Return whether anything was committed. Called with ``_leader`` held, so
+        one thread at a time commits; the close mark is left in the queue for
+        the writer thread.
+        """
+        batch = [first] if first is not None else []
+        while len(batch) < _MAX_BATCH:
             try:
-                outcomes = self._run_writes([action for action, _ in batch])
-            except BaseException as error:  # every waiter must hear of it
-                outcomes = [(False, error)] * len(batch)
-            finish_all(
-                (pending, ok, value)
-                for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
-            )
-            if stop:
-                return
+                item = self._writes.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._writes.put(None)
+                break
+            batch.append(item)
+        if not batch:
+            return False
+        try:
+            outcomes = self._run_writes([action for action, _ in batch])
+        except BaseException as error:  # every waiter must hear of it
+            outcomes = [(False, error)] * len(batch)
+        finish_all(
+            (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
+        )
+        return True
 
     def _sync_loop(self) -> None:
         """Sync deferred writes every interval, and at once when asked."""
