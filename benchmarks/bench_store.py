@@ -164,6 +164,25 @@ def test_append_at_length(benchmark: Any, target: Target, size: int) -> None:
     )
 
 
+@pytest.mark.parametrize("keys", [10, 1000])
+@pytest.mark.parametrize("target", ["lmdb-deferred", "lmdb-durable"], indirect=True)
+def test_append_with_state_size(benchmark: Any, target: Target, keys: int) -> None:
+    """Append to a session whose state holds ``keys`` keys: the cost must not follow it.
+
+    State is stored one entry per key, so an append writes only what its delta
+    touches; 10 keys and 1,000 keys should cost the same.
+    """
+    key = ("bench", "user", "s")
+    target.create(*key, {f"k{n}": {"n": n, "text": TEXT[:64]} for n in range(keys)})
+    benchmark.group = f"append with state of n keys ({target.name})"
+    benchmark.name = f"append_state_{keys}_keys_{target.name}"
+    benchmark.pedantic(
+        lambda event: target.append(key, event),
+        setup=lambda: ((target.make_event(event_record(0)),), {}),
+        rounds=_rounds(target.name, 1000, 60),
+    )
+
+
 @pytest.mark.parametrize(("target", "size"), _length_cases(), indirect=["target"])
 def test_get_recent_at_length(benchmark: Any, target: Target, size: int) -> None:
     """Read the last 10 events of a session that holds ``size`` events."""
