@@ -22,11 +22,11 @@ the keys its delta touches. A state key stored under a digest keeps its full
 text in the value (``[key, packed value]``).
 
 Durability: with ``durability="sync"`` the environment commits with LMDB's
-own two-fsync protocol, and one writer thread commits the writes of all
-threads and tasks that queue while the disk syncs in one transaction (group
-commit). With ``"deferred"`` writes commit in the caller's thread without
-fsync and a background thread syncs every ``flush_interval`` seconds and on
-``flush()``.
+own two-fsync protocol, and the writes of all threads and tasks that queue
+while the disk syncs are committed in one transaction (group commit) by a
+calling thread or, for event loops, by the store's writer thread. With
+``"deferred"`` writes commit in the caller's thread without fsync and a
+background thread syncs every ``flush_interval`` seconds and on ``flush()``.
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ _DIGEST_MARK = b"\xff\xff"
 _LMDB_MAGIC = 0xBEEFC0DE
 _MAX_BATCH = 1024
 _U64 = struct.Struct(">Q")
-_Queued = tuple[Callable[[Any], Any], Pending[Any]]
 _F64 = struct.Struct(">d")
+# A write waiting for the group commit, and who waits for it.
+_Queued = tuple[Callable[[Any], Any], Pending[Any]]
 
 
 def _unique_part(text: str) -> bytes:
@@ -273,7 +274,21 @@ class LmdbStore:
             raise IncompatibleStoreError(
                 f"{data} is not an LMDB file", hint="pick an empty or new directory"
             )
-        # Read what the file holds without a lock file and without writing.
+        # Read what the file holds read-only and without the lock file, so
+        # that opening a path that is not ours changes no file at all (a
+        # writable map would first grow the file). Unregistered, this read
+        # can meet pages a writer in another process is recycling: a refusal
+        # is only trusted when a second and third read agree.
+        for attempt in range(3):
+            try:
+                LmdbStore._read_format(path)
+                return
+            except (IncompatibleStoreError, lmdb.Error):
+                if attempt == 2:
+                    raise
+
+    @staticmethod
+    def _read_format(path: Path) -> None:
         env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
         try:
             with env.begin() as txn:
@@ -733,10 +748,19 @@ class LmdbStore:
         if self._closed:
             return
         if self._writer is not None:
-            # Closed first, so that no write is queued behind the stop mark.
+            # Closed first, so that no write is queued behind the stop mark...
             self._closed = True
             self._writes.put(None)
             self._writer.join()
+            # ...and one that slipped in as it closed is told so, not left waiting.
+            with self._leader:
+                left = []
+                while not self._writes.empty():
+                    item = self._writes.get_nowait()
+                    if item is not None:
+                        left.append(item)
+            closed = StoreClosedError(f"the store at {self.path} was closed", hint="open it again")
+            finish_all((pending, False, closed) for _, pending in left)
         if self._syncer is not None:
             with self._sync_cond:
                 self._closed = True
