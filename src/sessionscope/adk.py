@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from google.adk.errors.already_exists_error import AlreadyExistsError as _AdkAlreadyExistsError
@@ -27,7 +26,7 @@ from google.adk.errors.session_not_found_error import (
 )
 from google.adk.events import Event
 from google.adk.sessions import BaseSessionService, Session
-from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
+from google.adk.sessions.base_session_service import ListSessionsResponse
 
 try:
     from google.adk.errors import StaleSessionError as _AdkStaleSessionError
@@ -36,7 +35,7 @@ except ImportError:  # ADK before the stale-session check
 
 from . import errors
 from ._adk_codec import decode_events, encode_event
-from .service import PreparedAppend, ServiceCore, check_id
+from .service import AsyncSessions, ServiceCore, check_id
 from .stores import LmdbStore, MemoryStore, Store, open_store
 from .stores.base import SessionRecord
 
@@ -69,12 +68,6 @@ _ERRORS: dict[type[BaseException], type[BaseException]] = {
     errors.SessionNotFoundError: SessionNotFoundError,
     errors.StaleSessionError: StaleSessionError,
 }
-
-
-def _adk_error(error: BaseException) -> BaseException:
-    """Return the ADK-compatible twin of one of sessionscope's errors."""
-    twin = _ERRORS.get(type(error))
-    return error if twin is None else twin(str(error))
 
 
 class AdkModel:
@@ -152,47 +145,26 @@ class AdkModel:
         return session
 
 
-class _AdkService(BaseSessionService):
-    """Everything both ADK services share; only the store differs."""
+class _AdkService(AsyncSessions[Session, Event], BaseSessionService):
+    """Everything both ADK services share; only the store differs.
 
-    store: Store
+    The methods are the native async facade's, taking ADK's objects through
+    an ``AdkModel``; only the listing and the error classes are ADK's own.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._core: ServiceCore[Session, Event] = ServiceCore(store, AdkModel())
+        self._core = ServiceCore(store, AdkModel())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r})"
 
-    async def create_session(
-        self,
-        *,
-        app_name: str,
-        user_id: str,
-        state: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-    ) -> Session:
-        """Create a session; its initial state is routed by prefix."""
-        p = self._core.prepare_create(app_name, user_id, state, session_id)
-        try:
-            loaded = await self.store.create_session(
-                p.app_name, p.user_id, p.session_id, p.create_time,
-                p.app_items, p.user_items, p.session_items,
-            )  # fmt: skip
-        except errors.AlreadyExistsError as error:
-            raise _adk_error(error) from None
-        return self._core.finish_load(loaded)
-
-    async def get_session(
-        self,
-        *,
-        app_name: str,
-        user_id: str,
-        session_id: str,
-        config: GetSessionConfig | None = None,
-    ) -> Session | None:
-        """Read a session with the events ``config`` selects; None if missing."""
-        return self._core.get_session(app_name, user_id, session_id, config)
+    def _raise(self, error: errors.SessionscopeError) -> NoReturn:
+        """Raise the ADK-compatible twin of one of sessionscope's errors."""
+        twin = _ERRORS.get(type(error))
+        if twin is None:
+            raise error
+        raise twin(str(error)) from None
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -209,62 +181,6 @@ class _AdkService(BaseSessionService):
         # The records may have moved on since the listing: order by what was read.
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
-
-    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        """Delete a session, its state and its events; a missing one is a no-op."""
-        await self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id))
-
-    async def append_event(self, session: Session, event: Event) -> Event:
-        """Append an event to a session read before; stale copies are refused."""
-        return await self._append(session, event, locked=False)
-
-    async def append_event_locked(self, session: Session, event: Event) -> Event:
-        """Append on top of what is stored, and bring the live session up to date."""
-        return await self._append(session, event, locked=True)
-
-    async def _append(self, session: Session, event: Event, locked: bool) -> Event:
-        core = self._core
-        prepared: PreparedAppend | None = core.prepare_append(session, event, locked)
-        if prepared is None:
-            return event
-        try:
-            result = await self.store.append(prepared.request)
-        except errors.SessionscopeError as error:
-            core.abandon_append(event, prepared)
-            raise _adk_error(error) from None
-        except BaseException:
-            core.abandon_append(event, prepared)
-            raise
-        return core.finish_append(session, event, prepared, result)
-
-    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
-        """Return the user map, keys without prefix; {} when none."""
-        return self.store.read_user_state(
-            check_id(app_name, "app_name"), check_id(user_id, "user_id")
-        )
-
-    async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
-        """Return the app map, keys without prefix; {} when none."""
-        return self.store.read_app_state(check_id(app_name, "app_name"))
-
-    async def flush(self) -> None:
-        """Return once every acknowledged append is durable."""
-        await self.store.flush()
-
-    async def close(self) -> None:
-        """Flush and release the store."""
-        self.store.close()
-
-    async def __aenter__(self) -> _AdkService:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class MemorySessionService(_AdkService):

@@ -16,11 +16,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from . import codec
 from .core import apply_delta, check_storable, merge_scopes, partition_checked
-from .errors import StateValueError
+from .errors import SessionscopeError, StateValueError
 from .model import (
     Event,
     EventActions,
@@ -34,8 +34,12 @@ from .model import (
 from .stores import Store, open_store
 from .stores.base import AppendRequest, AppendResult, LoadedSession, SessionRecord
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 __all__ = [
     "MAX_ID_BYTES",
+    "AsyncSessions",
     "Model",
     "NativeModel",
     "ServiceCore",
@@ -357,9 +361,7 @@ class ServiceCore(Generic[S, E]):
         self, app_name: object, user_id: object, session_id: object, config: Any
     ) -> S | None:
         """Read a session; None when it does not exist."""
-        app = check_id(app_name, "app_name")
-        user = check_id(user_id, "user_id")
-        sid = check_session_id(session_id)
+        app, user, sid = self.check_key(app_name, user_id, session_id)
         count, after = read_filters(config)
         loaded = self.store.load_session(app, user, sid, count, after)
         return None if loaded is None else self.finish_load(loaded)
@@ -394,15 +396,25 @@ class ServiceCore(Generic[S, E]):
         next_cursor = _encode_cursor(_list_order(page[-1])) if more else None
         return ListSessionsResponse(metas, next_cursor)
 
-    def check_delete(
+    def check_key(
         self, app_name: object, user_id: object, session_id: object
     ) -> tuple[str, str, str]:
-        """Return the checked ids of a delete."""
+        """Return the checked (app_name, user_id, session_id) that name a session."""
         return (
             check_id(app_name, "app_name"),
             check_id(user_id, "user_id"),
             check_session_id(session_id),
         )
+
+    def read_user_state(self, app_name: object, user_id: object) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        return self.store.read_user_state(
+            check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        )
+
+    def read_app_state(self, app_name: object) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        return self.store.read_app_state(check_id(app_name, "app_name"))
 
     # -- append ----------------------------------------------------------
 
@@ -529,15 +541,19 @@ def _resolve_store(store: Store | str | None) -> Store:
     return store
 
 
-class SessionService:
-    """The async session service over any store (default: a MemoryStore)."""
+class AsyncSessions(Generic[S, E]):
+    """The async facade over a ServiceCore: what SessionService and the ADK drop-in share.
 
-    def __init__(self, store: Store | str | None = None) -> None:
-        self.store = _resolve_store(store)
-        self._core: ServiceCore[Session, Event] = ServiceCore(self.store, NativeModel())
+    A subclass sets ``store`` and ``_core``, adds its own ``list_sessions``,
+    and may override ``_raise`` to hand callers its own error classes.
+    """
 
-    def __repr__(self) -> str:
-        return f"SessionService({self.store!r})"
+    store: Store
+    _core: ServiceCore[S, E]
+
+    def _raise(self, error: SessionscopeError) -> NoReturn:
+        """Raise one of sessionscope's errors as callers of this facade expect it."""
+        raise error
 
     async def create_session(
         self,
@@ -546,13 +562,16 @@ class SessionService:
         user_id: str,
         state: Mapping[str, Any] | None = None,
         session_id: str | None = None,
-    ) -> Session:
+    ) -> S:
         """Create a session; its initial state is routed by prefix."""
         p = self._core.prepare_create(app_name, user_id, state, session_id)
-        loaded = await self.store.create_session(
-            p.app_name, p.user_id, p.session_id, p.create_time,
-            p.app_items, p.user_items, p.session_items,
-        )  # fmt: skip
+        try:
+            loaded = await self.store.create_session(
+                p.app_name, p.user_id, p.session_id, p.create_time,
+                p.app_items, p.user_items, p.session_items,
+            )  # fmt: skip
+        except SessionscopeError as error:
+            self._raise(error)
         return self._core.finish_load(loaded)
 
     async def get_session(
@@ -561,10 +580,73 @@ class SessionService:
         app_name: str,
         user_id: str,
         session_id: str,
-        config: GetSessionConfig | None = None,
-    ) -> Session | None:
+        config: Any = None,
+    ) -> S | None:
         """Read a session with the events ``config`` selects; None if missing."""
         return self._core.get_session(app_name, user_id, session_id, config)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete a session, its state and its events; a missing one is a no-op."""
+        await self.store.delete_session(*self._core.check_key(app_name, user_id, session_id))
+
+    async def append_event(self, session: S, event: E) -> E:
+        """Append an event to a session read before; stale copies are refused."""
+        return await self._append(session, event, locked=False)
+
+    async def append_event_locked(self, session: S, event: E) -> E:
+        """Append on top of what is stored, and bring the live session up to date."""
+        return await self._append(session, event, locked=True)
+
+    async def _append(self, session: S, event: E, locked: bool) -> E:
+        prepared = self._core.prepare_append(session, event, locked)
+        if prepared is None:
+            return event
+        try:
+            result = await self.store.append(prepared.request)
+        except BaseException as error:
+            self._core.abandon_append(event, prepared)
+            if isinstance(error, SessionscopeError):
+                self._raise(error)
+            raise
+        return self._core.finish_append(session, event, prepared, result)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix; {} when none."""
+        return self._core.read_user_state(app_name, user_id)
+
+    async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix; {} when none."""
+        return self._core.read_app_state(app_name)
+
+    async def flush(self) -> None:
+        """Return once every acknowledged append is durable."""
+        await self.store.flush()
+
+    async def close(self) -> None:
+        """Flush and release the store."""
+        self.store.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class SessionService(AsyncSessions[Session, Event]):
+    """The async session service over any store (default: a MemoryStore)."""
+
+    def __init__(self, store: Store | str | None = None) -> None:
+        self.store = _resolve_store(store)
+        self._core = ServiceCore(self.store, NativeModel())
+
+    def __repr__(self) -> str:
+        return f"SessionService({self.store!r})"
 
     async def list_sessions(
         self,
@@ -576,58 +658,6 @@ class SessionService:
     ) -> ListSessionsResponse:
         """List session metadata, least recently active first; pages with limit."""
         return self._core.list_page(app_name, user_id, limit, cursor)
-
-    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        """Delete a session, its state and its events; a missing one is a no-op."""
-        await self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id))
-
-    async def append_event(self, session: Session, event: Event) -> Event:
-        """Append an event to a session read before; stale copies are refused."""
-        return await self._append(session, event, locked=False)
-
-    async def append_event_locked(self, session: Session, event: Event) -> Event:
-        """Append on top of what is stored, and bring the live session up to date."""
-        return await self._append(session, event, locked=True)
-
-    async def _append(self, session: Session, event: Event, locked: bool) -> Event:
-        prepared = self._core.prepare_append(session, event, locked)
-        if prepared is None:
-            return event
-        try:
-            result = await self.store.append(prepared.request)
-        except BaseException:
-            self._core.abandon_append(event, prepared)
-            raise
-        return self._core.finish_append(session, event, prepared, result)
-
-    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
-        """Return the user map, keys without prefix."""
-        return self.store.read_user_state(
-            check_id(app_name, "app_name"), check_id(user_id, "user_id")
-        )
-
-    async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
-        """Return the app map, keys without prefix."""
-        return self.store.read_app_state(check_id(app_name, "app_name"))
-
-    async def flush(self) -> None:
-        """Return once every acknowledged append is durable."""
-        await self.store.flush()
-
-    async def close(self) -> None:
-        """Flush and release the store."""
-        self.store.close()
-
-    async def __aenter__(self) -> SessionService:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class SyncSessionService:
@@ -680,7 +710,7 @@ class SyncSessionService:
 
     def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete a session, its state and its events; a missing one is a no-op."""
-        self.store.delete_session(*self._core.check_delete(app_name, user_id, session_id)).result()
+        self.store.delete_session(*self._core.check_key(app_name, user_id, session_id)).result()
 
     def append_event(self, session: Session, event: Event) -> Event:
         """Append an event to a session read before; stale copies are refused."""
@@ -735,14 +765,12 @@ class SyncSessionService:
         return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
-        """Return the user map, keys without prefix."""
-        return self.store.read_user_state(
-            check_id(app_name, "app_name"), check_id(user_id, "user_id")
-        )
+        """Return the user map, keys without prefix; {} when none."""
+        return self._core.read_user_state(app_name, user_id)
 
     def get_app_state(self, *, app_name: str) -> dict[str, Any]:
-        """Return the app map, keys without prefix."""
-        return self.store.read_app_state(check_id(app_name, "app_name"))
+        """Return the app map, keys without prefix; {} when none."""
+        return self._core.read_app_state(app_name)
 
     def flush(self) -> None:
         """Return once every acknowledged append is durable."""
