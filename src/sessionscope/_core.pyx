@@ -303,41 +303,8 @@ def scope_of(key):
     return _SCOPE_SESSION
 
 
-cdef int _route(object key, object value, dict app, dict user, dict session, dict temp) except -1:
-    if not _is_str(key):
-        raise _key_error("state", key)
-    cdef int code = _scope_code(key)
-    if code == _SESSION:
-        PyDict_SetItem(session, key, value)
-    elif code == _TEMP:
-        PyDict_SetItem(temp, key, value)
-    elif code == _APP:
-        PyDict_SetItem(app, _unprefixed(key, code), value)
-    else:
-        PyDict_SetItem(user, _unprefixed(key, code), value)
-    return 0
-
-
-def partition_by_scope(delta):
-    """Split a delta into (app, user, session, temp) maps, app and user keys unprefixed."""
-    cdef dict app = {}
-    cdef dict user = {}
-    cdef dict session = {}
-    cdef dict temp = {}
-    cdef Py_ssize_t pos = 0
-    cdef PyObject* k = NULL
-    cdef PyObject* v = NULL
-    if PyDict_CheckExact(delta):
-        while PyDict_Next(delta, &pos, &k, &v):
-            _route(<object>k, <object>v, app, user, session, temp)
-    else:
-        for key, value in delta.items():
-            _route(key, value, app, user, session, temp)
-    return app, user, session, temp
-
-
-cdef int _route_checked(
-    object key, object value, dict app, dict user, dict session, dict temp
+cdef int _route(
+    object key, object value, dict app, dict user, dict session, dict temp, bint check
 ) except -1:
     if not _is_str(key):
         raise _key_error("state", key)
@@ -347,7 +314,7 @@ cdef int _route_checked(
         PyDict_SetItem(temp, key, value)
         return 0
     cdef object problem
-    if not _is_plain(value):
+    if check and not _is_plain(value):
         problem = _check(value, 0)
         if problem is not None:
             raise _refuse(f"state[{key!r}]", problem)
@@ -360,8 +327,7 @@ cdef int _route_checked(
     return 0
 
 
-def partition_checked(delta):
-    """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
+cdef tuple _partition(object delta, bint check):
     cdef dict app = {}
     cdef dict user = {}
     cdef dict session = {}
@@ -371,11 +337,21 @@ def partition_checked(delta):
     cdef PyObject* v = NULL
     if PyDict_CheckExact(delta):
         while PyDict_Next(delta, &pos, &k, &v):
-            _route_checked(<object>k, <object>v, app, user, session, temp)
+            _route(<object>k, <object>v, app, user, session, temp, check)
     else:
         for key, value in delta.items():
-            _route_checked(key, value, app, user, session, temp)
+            _route(key, value, app, user, session, temp, check)
     return app, user, session, temp
+
+
+def partition_by_scope(delta):
+    """Split a delta into (app, user, session, temp) maps, app and user keys unprefixed."""
+    return _partition(delta, False)
+
+
+def partition_checked(delta):
+    """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
+    return _partition(delta, True)
 
 
 def trim_temp_keys(delta):

@@ -102,6 +102,12 @@ def partition_by_scope(
     delta: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Split a delta into (app, user, session, temp) maps, app and user keys unprefixed."""
+    return _partition(delta, check=False)
+
+
+def _partition(
+    delta: Mapping[str, Any], check: bool
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     app: dict[str, Any] = {}
     user: dict[str, Any] = {}
     session: dict[str, Any] = {}
@@ -109,12 +115,18 @@ def partition_by_scope(
     for key, value in delta.items():
         if not isinstance(key, str):
             raise _key_error("state", key)
+        # Temp values live only on the live session object, so anything goes.
+        if key.startswith(TEMP_PREFIX):
+            temp[key] = value
+            continue
+        if check and type(value) not in _PLAIN:
+            problem = _find_problem(value)
+            if problem is not None:
+                raise _refuse(f"state[{key!r}]", problem)
         if key.startswith(APP_PREFIX):
             app[key[_APP_LEN:]] = value
         elif key.startswith(USER_PREFIX):
             user[key[_USER_LEN:]] = value
-        elif key.startswith(TEMP_PREFIX):
-            temp[key] = value
         else:
             session[key] = value
     return app, user, session, temp
@@ -250,25 +262,4 @@ def partition_checked(
     delta: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
-    app: dict[str, Any] = {}
-    user: dict[str, Any] = {}
-    session: dict[str, Any] = {}
-    temp: dict[str, Any] = {}
-    for key, value in delta.items():
-        if not isinstance(key, str):
-            raise _key_error("state", key)
-        # Temp values live only on the live session object, so anything goes.
-        if key.startswith(TEMP_PREFIX):
-            temp[key] = value
-            continue
-        if type(value) not in _PLAIN:
-            problem = _find_problem(value)
-            if problem is not None:
-                raise _refuse(f"state[{key!r}]", problem)
-        if key.startswith(APP_PREFIX):
-            app[key[_APP_LEN:]] = value
-        elif key.startswith(USER_PREFIX):
-            user[key[_USER_LEN:]] = value
-        else:
-            session[key] = value
-    return app, user, session, temp
+    return _partition(delta, check=True)
