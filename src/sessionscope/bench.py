@@ -601,6 +601,23 @@ def _charts(report: BenchReport, out: Path) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+
+    def style(axis: Any, xlabel: str, ylabel: str, title: str, base: int = 10) -> None:
+        axis.set_xscale("log", base=base)
+        axis.set_yscale("log")
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(ylabel)
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+
+    def save(fig: Any, name: str) -> Path:
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
     paths = []
     if report.lengths:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -615,50 +632,29 @@ def _charts(report: BenchReport, out: Path) -> list[Path]:
                 if values:
                     xs = sorted(values)
                     axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
-            axis.set_xscale("log")
-            axis.set_yscale("log")
-            axis.set_xlabel("events in the session")
-            axis.set_ylabel("median latency (us)")
-            axis.set_title(title)
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / "latency_vs_length.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+            style(axis, "events in the session", "median latency (us)", title)
+        paths.append(save(fig, "latency_vs_length.png"))
     if report.concurrency:
         fig, axis = plt.subplots(figsize=(6.5, 4.2))
         for name, values in report.concurrency.items():
             xs = sorted(values)
             axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_xlabel("concurrent writers")
-        axis.set_ylabel("durable appends per second")
-        axis.set_title("throughput against concurrency")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / "throughput_vs_concurrency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        style(
+            axis,
+            "concurrent writers",
+            "durable appends per second",
+            "throughput against concurrency",
+            base=2,
+        )
+        paths.append(save(fig, "throughput_vs_concurrency.png"))
         fig, axis = plt.subplots(figsize=(6.5, 4.2))
         for name, values in report.concurrency.items():
             xs = sorted(values)
             # Per-append latency seen by each writer: writers / throughput.
             axis.plot(xs, [x / values[x] * 1e6 for x in xs], marker="o", label=name)
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_xlabel("concurrent writers")
-        axis.set_ylabel("mean append latency (us)")
-        axis.set_title("latency against concurrency")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / "latency_vs_concurrency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        style(
+            axis, "concurrent writers", "mean append latency (us)", "latency against concurrency",
+            base=2,
+        )  # fmt: skip
+        paths.append(save(fig, "latency_vs_concurrency.png"))
     return paths
