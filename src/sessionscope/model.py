@@ -21,6 +21,7 @@ __all__ = [
     "ListSessionsResponse",
     "Session",
     "SessionMeta",
+    "check_filters",
     "new_event_id",
     "new_session_id",
 ]
@@ -131,11 +132,19 @@ class GetSessionConfig:
     after_timestamp: float | None = None
 
     def __post_init__(self) -> None:
-        n = self.num_recent_events
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
-            raise ValueError(f"num_recent_events must be an int or None, not {type(n).__name__}")
-        if n is not None and n < 0:
-            raise ValueError(f"num_recent_events must be >= 0, not {n}")
-        t = self.after_timestamp
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-            raise ValueError(f"after_timestamp must be a number or None, not {type(t).__name__}")
+        check_filters(self.num_recent_events, self.after_timestamp)
+
+
+def check_filters(
+    num_recent_events: object, after_timestamp: object
+) -> tuple[int | None, float | None]:
+    """Return the filters of a read, checked; a ValueError names a bad one."""
+    n = num_recent_events
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        raise ValueError(f"num_recent_events must be an int or None, not {n!r}")
+    if n is not None and n < 0:
+        raise ValueError(f"num_recent_events must be >= 0, not {n}")
+    t = after_timestamp
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+        raise ValueError(f"after_timestamp must be a number or None, not {t!r}")
+    return n, None if t is None else float(t)

@@ -28,6 +28,7 @@ from .model import (
     ListSessionsResponse,
     Session,
     SessionMeta,
+    check_filters,
     new_event_id,
     new_session_id,
 )
@@ -80,18 +81,12 @@ def check_session_id(value: object) -> str:
 
 
 def read_filters(config: Any) -> tuple[int | None, float | None]:
-    """Return (num_recent_events, after_timestamp) of any config-like object."""
+    """Return (num_recent_events, after_timestamp) of any config-like object, checked."""
     if config is None:
         return None, None
-    count = getattr(config, "num_recent_events", None)
-    after = getattr(config, "after_timestamp", None)
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-        raise ValueError(f"num_recent_events must be an int or None, not {count!r}")
-    if count is not None and count < 0:
-        raise ValueError(f"num_recent_events must be >= 0, not {count}")
-    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float))):
-        raise ValueError(f"after_timestamp must be a number or None, not {after!r}")
-    return count, None if after is None else float(after)
+    return check_filters(
+        getattr(config, "num_recent_events", None), getattr(config, "after_timestamp", None)
+    )
 
 
 class Model(Protocol[S, E]):
