@@ -177,6 +177,8 @@ class LmdbStore:
         self.durability: Durability = durability
         self.flush_interval = flush_interval
         self._closed = False
+        # Set once the environment is closed; checked under the gate.
+        self._released = False
         self._gate = _Gate()
         try:
             self._probe(self.path)
@@ -326,6 +328,9 @@ class LmdbStore:
 
     def _begin(self, write: bool = False, parent: Any = None) -> Any:
         """Begin a transaction, adopting a map another process has grown."""
+        if self._released:
+            # A call that passed the open check as the store closed.
+            raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
         while True:
             try:
                 return self._env.begin(write=write, parent=parent)
@@ -766,8 +771,14 @@ class LmdbStore:
                 self._closed = True
                 self._sync_cond.notify()
             self._syncer.join()
-            self._env.sync(True)
         self._closed = True
+        # Wait for running transactions, and turn away the ones still to begin.
+        self._gate.exclusive(self._release)
+
+    def _release(self) -> None:
+        self._released = True
+        if self._syncer is not None:
+            self._env.sync(True)
         self._env.close()
 
     def stat(self) -> dict[str, Any]:

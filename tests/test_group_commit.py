@@ -1,0 +1,142 @@
+"""Group commit of a durable LMDB store: threads and event loops writing at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from sessionscope import (
+    Event,
+    EventActions,
+    LmdbStore,
+    SessionService,
+    SyncSessionService,
+)
+from sessionscope.errors import SessionNotFoundError, StoreClosedError
+
+APP = "app"
+
+
+def ev(n: int) -> Event:
+    return Event(author="agent", content={"n": n}, actions=EventActions(state_delta={"n": n}))
+
+
+def run_threads(targets: list[threading.Thread], timeout: float = 60) -> None:
+    for thread in targets:
+        thread.start()
+    for thread in targets:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in targets)
+
+
+def test_threads_and_tasks_share_the_group_commit(tmp_path: Path) -> None:
+    """Threads (which may lead a commit) and tasks (which never do) all land, in order."""
+    store = LmdbStore(tmp_path / "store", durability="sync")
+    sync_service, async_service = SyncSessionService(store), SessionService(store)
+    per_writer, errors = 40, []
+
+    def thread_writer(index: int) -> None:
+        try:
+            session = sync_service.create_session(app_name=APP, user_id="t", session_id=f"t{index}")
+            for n in range(per_writer):
+                sync_service.append_event(session, ev(n))
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    def loop_writer() -> None:
+        async def task(index: int) -> None:
+            session = await async_service.create_session(
+                app_name=APP, user_id="a", session_id=f"a{index}"
+            )
+            for n in range(per_writer):
+                await async_service.append_event(session, ev(n))
+
+        async def main() -> None:
+            await asyncio.gather(*(task(i) for i in range(16)))
+
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=thread_writer, args=(i,)) for i in range(4)]
+    run_threads([*threads, threading.Thread(target=loop_writer)])
+    assert errors == []
+    listed = sync_service.list_sessions(app_name=APP).sessions
+    assert len(listed) == 20 and all(meta.event_count == per_writer for meta in listed)
+    for meta in listed:
+        stored = sync_service.get_session(app_name=APP, user_id=meta.user_id, session_id=meta.id)
+        assert stored is not None
+        assert [e.content for e in stored.events] == [{"n": n} for n in range(per_writer)]
+        assert stored.state == {"n": per_writer - 1}
+    store.close()
+
+
+def test_a_failing_write_does_not_fail_its_batch(tmp_path: Path) -> None:
+    """Appends to a deleted session fail alone; the writes committed beside them land."""
+    store = LmdbStore(tmp_path / "store", durability="sync")
+    service = SessionService(store)
+
+    async def main() -> tuple[list[BaseException | None], list[str]]:
+        good = [
+            await service.create_session(app_name=APP, user_id="u", session_id=f"g{i}")
+            for i in range(8)
+        ]
+        gone = [
+            await service.create_session(app_name=APP, user_id="u", session_id=f"x{i}")
+            for i in range(8)
+        ]
+        for session in gone:
+            await service.delete_session(app_name=APP, user_id="u", session_id=session.id)
+        # Queued together, so that good and failing appends share transactions.
+        outcomes = await asyncio.gather(
+            *(service.append_event(s, ev(i)) for i, s in enumerate([*good, *gone])),
+            return_exceptions=True,
+        )
+        return [o if isinstance(o, BaseException) else None for o in outcomes], [s.id for s in good]
+
+    outcomes, good_ids = asyncio.run(main())
+    assert outcomes[:8] == [None] * 8
+    assert all(isinstance(o, SessionNotFoundError) for o in outcomes[8:])
+    sync_service = SyncSessionService(store)
+    for i, sid in enumerate(good_ids):
+        stored = sync_service.get_session(app_name=APP, user_id="u", session_id=sid)
+        assert stored is not None and [e.content for e in stored.events] == [{"n": i}]
+    assert len(sync_service.list_sessions(app_name=APP).sessions) == 8
+    store.close()
+
+
+def test_writes_racing_a_close_finish_or_are_refused(tmp_path: Path) -> None:
+    """No writer is left waiting when the store closes under it."""
+    store = LmdbStore(tmp_path / "store", durability="sync")
+    service = SyncSessionService(store)
+    sessions = [
+        service.create_session(app_name=APP, user_id="u", session_id=f"s{i}") for i in range(4)
+    ]
+    started = threading.Barrier(5)
+    outcomes: list[str] = []
+
+    def writer(index: int) -> None:
+        started.wait()
+        for n in range(200):
+            try:
+                service.append_event(sessions[index], ev(n))
+            except StoreClosedError:
+                outcomes.append("closed")
+                return
+        outcomes.append("done")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    store.close()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sorted(set(outcomes)) <= ["closed", "done"] and len(outcomes) == 4
+    with pytest.raises(StoreClosedError):
+        service.get_session(app_name=APP, user_id="u", session_id="s0")
