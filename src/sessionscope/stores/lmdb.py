@@ -278,7 +278,7 @@ class LmdbStore:
             )
         # Read what the file holds read-only and without the lock file, so
         # that opening a path that is not ours changes no file at all (a
-        # writable map would first grow the file). Unregistered, this read
+        # normal open creates or updates lock.mdb). Unregistered, this read
         # can meet pages a writer in another process is recycling: a refusal
         # is only trusted when a second and third read agree.
         for attempt in range(3):
