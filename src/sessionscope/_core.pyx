@@ -31,6 +31,10 @@ from libc.string cimport memcpy
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index)
+    int PyUnicode_1BYTE_KIND
 
 
 cdef extern from *:
@@ -144,9 +148,10 @@ cdef inline bint _is_str(object key) except -1:
 
 
 cdef inline bint _is_plain(object value) noexcept:
-    # Exact types first: nearly every value is one of them.
+    # Exact types first: nearly every value is one of them. A str is plain
+    # when ASCII; any other goes through _check_text.
     return (
-        PyUnicode_CheckExact(value)
+        (PyUnicode_CheckExact(value) and PyUnicode_IS_ASCII(value))
         or PyFloat_CheckExact(value)
         or value is None
         or PyBool_Check(value)
@@ -156,6 +161,10 @@ cdef inline bint _is_plain(object value) noexcept:
 
 cdef object _key_error(object label, object key):
     return StateValueError(f"{label} key {key!r} is not a str")
+
+
+cdef object _surrogate_key_error(object label, object key):
+    return StateValueError(f"{label} key {key!r} holds a lone surrogate: it is not storable as UTF-8")
 
 
 cdef inline object _unprefixed(object key, int code):
@@ -200,8 +209,33 @@ cdef object _check_int(object value):
     return [f"int {value} is out of the 64-bit range"]
 
 
+cdef bint _has_surrogate(object text) except -1:
+    # A lone surrogate cannot be written as UTF-8; only strings stored two
+    # or four bytes a character can hold one.
+    _str_ready(text)
+    cdef int kind = PyUnicode_KIND(text)
+    if kind == PyUnicode_1BYTE_KIND:
+        return False
+    cdef void* data = PyUnicode_DATA(text)
+    cdef Py_ssize_t index
+    cdef Py_UCS4 char
+    for index in range(PyUnicode_GET_LENGTH(text)):
+        char = PyUnicode_READ(kind, data, index)
+        if 0xD800 <= char <= 0xDFFF:
+            return True
+    return False
+
+
+cdef inline bint _bad_text(object text) except -1:
+    return not PyUnicode_IS_ASCII(text) and _has_surrogate(text)
+
+
 cdef object _check(object value, int depth):
     if _is_plain(value):
+        return None
+    if PyUnicode_Check(value):
+        if _bad_text(value):
+            return ["str holds a lone surrogate: it is not storable as UTF-8"]
         return None
     if PyLong_CheckExact(value):
         return _check_int(value)
@@ -211,7 +245,7 @@ cdef object _check(object value, int depth):
         if PyDict_Check(value):
             return _check_dict(value, depth + 1)
         return _check_items(value, depth + 1)
-    if PyUnicode_Check(value) or PyFloat_Check(value) or PyBytes_Check(value):
+    if PyFloat_Check(value) or PyBytes_Check(value):
         return None
     if PyLong_Check(value):
         return _check_int(value)
@@ -231,6 +265,8 @@ cdef object _check_dict(object value, int depth):
             item = <object>v
             if not PyUnicode_Check(key):
                 return [f"dict key {key!r} is not a str"]
+            if _bad_text(key):
+                return [f"dict key {key!r} holds a lone surrogate: it is not storable as UTF-8"]
             if _is_plain(item):
                 continue
             problem = _check(item, depth)
@@ -242,6 +278,8 @@ cdef object _check_dict(object value, int depth):
     for key, item in value.items():
         if not PyUnicode_Check(key):
             return [f"dict key {key!r} is not a str"]
+        if _bad_text(key):
+            return [f"dict key {key!r} holds a lone surrogate: it is not storable as UTF-8"]
         if _is_plain(item):
             continue
         problem = _check(item, depth)
@@ -314,6 +352,8 @@ cdef int _route(
         PyDict_SetItem(temp, key, value)
         return 0
     cdef object problem
+    if check and _bad_text(key):
+        raise _surrogate_key_error("state", key)
     if check and not _is_plain(value):
         problem = _check(value, 0)
         if problem is not None:
@@ -459,6 +499,8 @@ def check_delta(delta, root="state"):
         while PyDict_Next(delta, &pos, &k, &v):
             if not PyUnicode_Check(<object>k):
                 raise _key_error(root, <object>k)
+            if _bad_text(<object>k):
+                raise _surrogate_key_error(root, <object>k)
             if _is_plain(<object>v):
                 continue
             problem = _check(<object>v, 0)
@@ -468,6 +510,8 @@ def check_delta(delta, root="state"):
     for key, value in delta.items():
         if not PyUnicode_Check(key):
             raise _key_error(root, key)
+        if _bad_text(key):
+            raise _surrogate_key_error(root, key)
         if _is_plain(value):
             continue
         problem = _check(value, 0)

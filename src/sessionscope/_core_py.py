@@ -59,7 +59,9 @@ _INT_MAX: Final = 2**64 - 1
 
 # Types that are always storable, checked by identity first because almost
 # every value is one of them.
-_PLAIN: Final = frozenset({str, float, bool, bytes, type(None)})
+# Values storable as they are; a str is plain only when ASCII (see _text_problem).
+_PLAIN: Final = frozenset({float, bool, bytes, type(None)})
+_SURROGATE: Final = "holds a lone surrogate: it is not storable as UTF-8"
 
 # A refused value: why, and the keys and indexes that lead to it from the
 # top. The path is only formatted when a value is refused.
@@ -79,6 +81,22 @@ class Scope(enum.Enum):
     def of(cls, key: str) -> Scope:
         """Return the scope of a state key."""
         return scope_of(key)
+
+
+def _text_problem(text: str) -> bool:
+    """Tell whether a str cannot be written as UTF-8 (it holds a lone surrogate)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _plain(value: object) -> bool:
+    cls = type(value)
+    return cls in _PLAIN or (cls is str and value.isascii())  # type: ignore[attr-defined]
 
 
 def _key_error(label: str, key: object) -> StateValueError:
@@ -119,7 +137,9 @@ def _partition(
         if key.startswith(TEMP_PREFIX):
             temp[key] = value
             continue
-        if check and type(value) not in _PLAIN:
+        if check and _text_problem(key):
+            raise StateValueError(f"state key {key!r} {_SURROGATE}")
+        if check and not _plain(value):
             problem = _find_problem(value)
             if problem is not None:
                 raise _refuse(f"state[{key!r}]", problem)
@@ -186,6 +206,8 @@ def _open(value: object, depth: int) -> str | tuple[_Walk, bool] | None:
     cls = type(value)
     if cls in _PLAIN:
         return None
+    if issubclass(cls, str):
+        return f"str {_SURROGATE}" if _text_problem(value) else None  # type: ignore[arg-type]
     if cls is int:
         return _check_int(value)  # type: ignore[arg-type]
     if issubclass(cls, (dict, list, tuple)):
@@ -194,7 +216,7 @@ def _open(value: object, depth: int) -> str | tuple[_Walk, bool] | None:
         if issubclass(cls, dict):
             return iter(value.items()), True  # type: ignore[attr-defined]
         return enumerate(value), False  # type: ignore[arg-type]
-    if issubclass(cls, (str, float, bytes)):
+    if issubclass(cls, (float, bytes)):
         return None
     if issubclass(cls, int):
         return _check_int(value)  # type: ignore[arg-type]
@@ -216,7 +238,9 @@ def _find_problem(value: object) -> _Problem | None:
         for step, item in walk:
             if in_dict and not isinstance(step, str):
                 return f"dict key {step!r} is not a str", steps
-            if type(item) in _PLAIN:
+            if in_dict and _text_problem(step):  # type: ignore[arg-type]
+                return f"dict key {step!r} {_SURROGATE}", steps
+            if _plain(item):
                 continue
             opened = _open(item, len(walks))
             if opened is None:
@@ -251,7 +275,9 @@ def check_delta(delta: Mapping[str, Any], root: str = "state") -> None:
     for key, value in delta.items():
         if not isinstance(key, str):
             raise _key_error(root, key)
-        if type(value) in _PLAIN:
+        if _text_problem(key):
+            raise StateValueError(f"{root} key {key!r} {_SURROGATE}")
+        if _plain(value):
             continue
         problem = _find_problem(value)
         if problem is not None:
