@@ -93,7 +93,20 @@ def events_equal(stored: bytes, candidate: bytes) -> bool:
     Byte equality is the fast path; records whose maps were built in another
     key order are equal when their decoded values are.
     """
-    return bool(stored == candidate or decode_event(stored) == decode_event(candidate))
+    return stored == candidate or _same(decode_event(stored), decode_event(candidate))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Tell whether two decoded values are equal in type too: 1, 1.0 and True differ."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(map(_same, a, b))
+    if type(a) is float and a != a:
+        return bool(b != b)  # NaN is stored as NaN: a repeat of it is the same value
+    return bool(a == b)
 
 
 def decode_values(items: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
