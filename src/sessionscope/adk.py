@@ -35,7 +35,7 @@ except ImportError:  # ADK before the stale-session check
 
 from . import errors
 from ._adk_codec import decode_events, encode_event
-from .service import AsyncSessions, ServiceCore, check_id
+from .service import AsyncSessions, ServiceCore, check_id, timestamp_of
 from .stores import LmdbStore, MemoryStore, Store, open_store
 from .stores.base import SessionRecord
 
@@ -85,10 +85,7 @@ class AdkModel:
 
     def event_timestamp(self, event: Event) -> float:
         """Return the event's timestamp."""
-        stamp = event.timestamp
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-            raise errors.StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
-        return float(stamp)
+        return timestamp_of(event.timestamp)
 
     def is_partial(self, event: Event) -> bool:
         """Tell whether the event is a partial (streaming) one."""

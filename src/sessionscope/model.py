@@ -145,6 +145,14 @@ def check_filters(
     if n is not None and n < 0:
         raise ValueError(f"num_recent_events must be >= 0, not {n}")
     t = after_timestamp
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+    if t is None:
+        return n, None
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
         raise ValueError(f"after_timestamp must be a number or None, not {t!r}")
-    return n, None if t is None else float(t)
+    try:
+        after = float(t)
+    except OverflowError:
+        raise ValueError(f"after_timestamp {t!r} is out of the float range") from None
+    if after != after:
+        raise ValueError("after_timestamp must not be NaN")
+    return n, after

@@ -10,8 +10,10 @@ google-adk's pydantic models, so the adapter shares every rule.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import heapq
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from . import codec
-from .core import apply_delta, check_storable, merge_scopes, partition_checked
+from .core import TEMP_PREFIX, apply_delta, check_storable, merge_scopes, partition_checked
 from .errors import SessionscopeError, StateValueError
 from .model import (
     Event,
@@ -47,6 +49,7 @@ __all__ = [
     "SessionService",
     "SyncSessionService",
     "check_id",
+    "timestamp_of",
 ]
 
 S = TypeVar("S")
@@ -78,6 +81,16 @@ def check_session_id(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"session_id must be a str, not {type(value).__name__}")
     return check_id(value.strip(), "session_id")
+
+
+def timestamp_of(stamp: object) -> float:
+    """Return an event timestamp as a float; a TypeError or ValueError says what is wrong."""
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+        raise StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
+    try:
+        return float(stamp)
+    except OverflowError:
+        raise ValueError(f"event.timestamp {stamp!r} is out of the float range") from None
 
 
 def read_filters(config: Any) -> tuple[int | None, float | None]:
@@ -165,10 +178,7 @@ class NativeModel:
 
     def event_timestamp(self, event: Event) -> float:
         """Return the event's timestamp."""
-        stamp = event.timestamp
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-            raise StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
-        return float(stamp)
+        return timestamp_of(event.timestamp)
 
     def is_partial(self, event: Event) -> bool:
         """Tell whether the event is a partial (streaming) one."""
@@ -429,6 +439,8 @@ class ServiceCore(Generic[S, E]):
         sid = check_session_id(session_id)
         event_id = model.event_id(event)
         timestamp = model.event_timestamp(event)
+        if not math.isfinite(timestamp):
+            raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
         original = model.state_delta(event)
         delta: dict[str, Any]
         if original:
@@ -475,21 +487,22 @@ class ServiceCore(Generic[S, E]):
         if result.duplicate or result.marker is None:
             return event
         state, events, _ = self.model.live_parts(session)
-        missed = self.model.decode_events(result.missed_events) if result.missed_events else []
         stored = result.stored_state
         if stored is not None:
-            # The stored maps already hold every delta, the missed ones included.
+            # A locked append: the stored maps hold every delta, this one's,
+            # missed ones' and other sessions' to the shared maps. Temp keys
+            # live only here and stay.
+            temp = {k: v for k, v in state.items() if k.startswith(TEMP_PREFIX)}
             state.clear()
             state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
-        else:
-            for earlier in missed:
-                earlier_delta = self.model.state_delta(earlier)
-                if earlier_delta:
-                    apply_delta(state, earlier_delta)
-            if prepared.delta:
-                apply_delta(state, prepared.delta)
+            state.update(temp)
+        elif prepared.delta:
+            apply_delta(state, prepared.delta)
         if prepared.temp:
             apply_delta(state, prepared.temp)
+        missed = self.model.decode_events(result.missed_events) if result.missed_events else []
+        if result.replace_events:
+            events.clear()
         events.extend(missed)
         events.append(event)
         self.model.update_session(session, result.last_update_time, result.marker)
@@ -596,8 +609,19 @@ class AsyncSessions(Generic[S, E]):
         prepared = self._core.prepare_append(session, event, locked)
         if prepared is None:
             return event
+        completion = self.store.append(prepared.request)
         try:
-            result = await self.store.append(prepared.request)
+            result = await completion
+        except asyncio.CancelledError:
+            # The write was queued and will land or fail all the same: wait
+            # for it, so the live session matches the store, then cancel.
+            try:
+                result = await completion
+            except BaseException:
+                self._core.abandon_append(event, prepared)
+                raise
+            self._core.finish_append(session, event, prepared, result)
+            raise
         except BaseException as error:
             self._core.abandon_append(event, prepared)
             if isinstance(error, SessionscopeError):
@@ -748,7 +772,12 @@ class SyncSessionService:
             for _, event, prepared in batch:
                 core.abandon_append(event, prepared)
             raise
-        results, error = self.store.append_many([p.request for _, _, p in batch]).result()
+        try:
+            results, error = self.store.append_many([p.request for _, _, p in batch]).result()
+        except BaseException:
+            for _, event, prepared in batch:
+                core.abandon_append(event, prepared)
+            raise
         finished = [
             core.finish_append(session, event, prepared, result)
             for (session, event, prepared), result in zip(batch, results, strict=False)

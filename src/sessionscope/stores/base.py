@@ -33,10 +33,10 @@ __all__ = [
     "Pending",
     "SessionRecord",
     "Store",
+    "catch_up",
     "check_append",
     "events_seen",
     "finish_all",
-    "needs_stored_state",
 ]
 
 T = TypeVar("T")
@@ -65,6 +65,11 @@ class Pending(Generic[T]):
         self._thread_waiter: Any = None
         self._loop_waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
+    @property
+    def done(self) -> bool:
+        """Tell whether the write has finished."""
+        return self._done
+
     def wait(self) -> T:
         """Block the calling thread until the write is done; return or raise its outcome."""
         waiter = None
@@ -78,6 +83,7 @@ class Pending(Generic[T]):
         return self._outcome()
 
     def __await__(self) -> Generator[Any, None, T]:
+        # Awaiting again after a cancellation replaces the earlier waiter.
         future = None
         with _handover:
             if not self._done:
@@ -247,10 +253,14 @@ class AppendResult:
     marker: str | None
     last_update_time: float = 0.0
     duplicate: bool = False
+    # For a locked append (catch_up): the stored events the caller's copy
+    # lacks, before its own; when its history cannot be known (built by hand
+    # without a known last event, or read before the session was deleted and
+    # created again), all stored events, and ``replace_events`` is set.
     missed_events: list[bytes] = field(default_factory=list)
-    # The stored maps after the append, for a locked append from a copy whose
-    # history is unknown (built by hand): replaying missed events cannot
-    # rebuild what it never read.
+    replace_events: bool = False
+    # For a locked append: the stored maps after it. Other sessions write the
+    # app and user maps too, so replaying missed events would not suffice.
     stored_state: LoadedSession | None = None
 
 
@@ -297,18 +307,14 @@ def check_append(
     return False
 
 
-def needs_stored_state(request: AppendRequest) -> bool:
-    """Tell whether a locked append must hand back the whole stored state."""
-    return request.catch_up and request.marker is None
-
-
 def events_seen(
     request: AppendRequest, record: SessionRecord, seq_of: Callable[[str], int | None]
 ) -> int | None:
-    """Return how many stored events the caller's copy has, when that can be known.
+    """Return how many stored events the caller's copy has, or None when unknown.
 
-    A marker says it; a hand-built copy has seen up to its last event, looked
-    up by id with ``seq_of`` (none at all when it has no events).
+    A marker of this session says it (a marker of an earlier session under the
+    same id says nothing); a hand-built copy has seen up to its last event,
+    looked up by id with ``seq_of``, or none at all when it has no events.
     """
     if request.marker is not None:
         number, _, count = request.marker.partition(":")
@@ -319,6 +325,25 @@ def events_seen(
         return 0
     seq = seq_of(request.caller_last_event_id)
     return None if seq is None else seq + 1
+
+
+def catch_up(
+    result: AppendResult,
+    known: int | None,
+    events: Callable[[int], list[bytes]],
+    stored_state: Callable[[], LoadedSession],
+) -> AppendResult:
+    """Fill a locked append's result with what the caller's copy lacks.
+
+    ``events(start)`` reads the stored events from ``start`` up to, not
+    including, the one just appended; ``stored_state()`` the maps after it.
+    """
+    if known is None:
+        result.missed_events, result.replace_events = events(0), True
+    else:
+        result.missed_events = events(known)
+    result.stored_state = stored_state()
+    return result
 
 
 class Store(Protocol):

@@ -56,10 +56,10 @@ from .base import (
     LoadedSession,
     Pending,
     SessionRecord,
+    catch_up,
     check_append,
     events_seen,
     finish_all,
-    needs_stored_state,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore"]
@@ -101,7 +101,8 @@ _part = lru_cache(maxsize=4096)(_unique_part)
 
 def _sortable_time(timestamp: float) -> bytes:
     """Return 8 bytes that sort as the float does (negatives included)."""
-    (bits,) = _U64.unpack(_F64.pack(timestamp))
+    # -0.0 + 0.0 is 0.0: the two zeros compare equal, so they must sort equal.
+    (bits,) = _U64.unpack(_F64.pack(timestamp + 0.0))
     bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
     return _U64.pack(bits)
 
@@ -226,6 +227,8 @@ class LmdbStore:
         self._writes: queue.SimpleQueue[_Queued | None]
         # Held by whichever thread commits queued writes: the writer or a caller.
         self._leader = threading.Lock()
+        # Makes "is the store open?" and queueing a write one step.
+        self._admit = threading.Lock()
         self._writer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
         self._sync_cond = threading.Condition()
@@ -336,18 +339,27 @@ class LmdbStore:
                 return self._env.begin(write=write, parent=parent)
             except lmdb.MapResizedError:
                 self._adopt_map_size()
+                if self._released:
+                    raise StoreClosedError(
+                        f"the store at {self.path} is closed", hint="open it again"
+                    ) from None
 
     def _adopt_map_size(self) -> None:
         # The gate is held by the caller: leave it while the map is swapped.
         self._gate.__exit__()
         try:
-            self._gate.exclusive(lambda: self._env.set_mapsize(0))
+            self._gate.exclusive(self._adopt_if_open)
         finally:
             self._gate.__enter__()
 
+    def _adopt_if_open(self) -> None:
+        if not self._released:
+            self._env.set_mapsize(0)
+
     def _grow(self) -> None:
         def double() -> None:
-            self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            if not self._released:  # a closed store is not grown; _begin says so
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
         self._gate.exclusive(double)
 
@@ -367,13 +379,19 @@ class LmdbStore:
             ok, value = self._run_writes([action])[0]
             return Completion.done(value) if ok else Completion.failed(value)
         pending: Pending[T] = Pending()
-        self._writes.put((action, pending))
+        with self._admit:
+            # Checked with the put, so that nothing is queued behind the
+            # writer thread's stop mark.
+            self._check_open()
+            self._writes.put((action, pending))
         # A thread with no event loop may commit the queue itself (it would
         # only wait otherwise), saving two thread wake-ups; a thread running
-        # an event loop leaves the disk wait to the writer thread.
+        # an event loop leaves the disk wait to the writer thread. A leader
+        # stops once its own write is done: what others queue meanwhile is
+        # the writer thread's.
         if asyncio._get_running_loop() is None and self._leader.acquire(blocking=False):
             try:
-                while self._commit_queued():
+                while not pending.done and self._commit_queued():
                     pass
             finally:
                 self._leader.release()
@@ -664,7 +682,7 @@ class LmdbStore:
         if check_append(record, request, stored):
             return AppendResult(None, duplicate=True)
         assert record is not None
-        missed: list[bytes] = []
+        known = None
         if request.catch_up:
 
             def seq_of(event_id: str) -> int | None:
@@ -672,8 +690,7 @@ class LmdbStore:
                 return None if seq is None else int(_U64.unpack(seq)[0])
 
             known = events_seen(request, record, seq_of)
-            if known is not None:
-                missed = self._events(txn, number, known, record.event_count)
+        count_before = record.event_count
         if request.app_items or request.user_items:
             app = _part(request.app_name)
             self._put_items(txn, self._shared, _APP + app, request.app_items)
@@ -691,10 +708,15 @@ class LmdbStore:
         record.last_event_id = request.event_id
         if records is None:
             self._put_record(txn, record)
-        result = AppendResult(record.marker, record.last_update_time, missed_events=missed)
-        if needs_stored_state(request):
-            result.stored_state = self._loaded(txn, record, [])
-        return result
+        result = AppendResult(record.marker, record.last_update_time)
+        if not request.catch_up:
+            return result
+        return catch_up(
+            result,
+            known,
+            lambda start: self._events(txn, number, start, count_before),
+            lambda: self._loaded(txn, record, []),
+        )
 
     def append(self, request: AppendRequest) -> Completion[AppendResult]:
         """Append one event and apply its packed delta, all or nothing."""
@@ -745,6 +767,9 @@ class LmdbStore:
             return Completion.done(None)
         pending: Pending[None] = Pending()
         with self._sync_cond:
+            # Checked under the lock the syncer's last pass takes, so that
+            # no flush waits behind it.
+            self._check_open()
             self._sync_waiters.append(pending)
             self._sync_cond.notify()
         return Completion.waiting(pending)
@@ -755,8 +780,9 @@ class LmdbStore:
             return
         if self._writer is not None:
             # Closed first, so that no write is queued behind the stop mark...
-            self._closed = True
-            self._writes.put(None)
+            with self._admit:
+                self._closed = True
+                self._writes.put(None)
             self._writer.join()
             # ...and one that slipped in as it closed is told so, not left waiting.
             with self._leader:

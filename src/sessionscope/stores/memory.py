@@ -21,9 +21,9 @@ from .base import (
     Items,
     LoadedSession,
     SessionRecord,
+    catch_up,
     check_append,
     events_seen,
-    needs_stored_state,
 )
 
 __all__ = ["MemoryStore"]
@@ -181,11 +181,8 @@ class MemoryStore:
         if check_append(record, request, seen):
             return AppendResult(None, duplicate=True)
         assert stored is not None and record is not None
-        missed: list[bytes] = []
-        if request.catch_up:
-            known = events_seen(request, record, stored.event_index.get)
-            if known is not None:
-                missed = stored.events[known:]
+        known = events_seen(request, record, stored.event_index.get) if request.catch_up else None
+        count_before = len(stored.events)
         self._write_shared(request.app_name, request.user_id, request.app_items, request.user_items)
         stored.state.update(request.session_items)
         stored.event_index[request.event_id] = len(stored.events)
@@ -194,10 +191,15 @@ class MemoryStore:
         record.event_count += 1
         record.last_update_time = request.timestamp
         record.last_event_id = request.event_id
-        result = AppendResult(record.marker, record.last_update_time, missed_events=missed)
-        if needs_stored_state(request):
-            result.stored_state = self._loaded(stored, [])
-        return result
+        result = AppendResult(record.marker, record.last_update_time)
+        if not request.catch_up:
+            return result
+        return catch_up(
+            result,
+            known,
+            lambda start: stored.events[start:count_before],
+            lambda: self._loaded(stored, []),
+        )
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
