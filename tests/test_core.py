@@ -297,6 +297,16 @@ class Opaque:
         ),
         (MyList([1, {2}]), "state['cart'][1]: set is not storable"),
         (MyDict(a={1}), "state['cart']['a']: set is not storable"),
+        ("x\ud800", "state['cart']: str holds a lone surrogate: it is not storable as UTF-8"),
+        (
+            ["ok", "é", "\U0001f600\udc00"],
+            "state['cart'][2]: str holds a lone surrogate: it is not storable as UTF-8",
+        ),
+        (
+            {"k\udfff": 1},
+            "state['cart']: dict key 'k\\udfff' holds a lone surrogate: "
+            "it is not storable as UTF-8",
+        ),
     ],
 )
 def test_check_storable_rejects(core_impl: ModuleType, value: object, message: str) -> None:
@@ -304,6 +314,20 @@ def test_check_storable_rejects(core_impl: ModuleType, value: object, message: s
         core_impl.check_storable(value, "state['cart']")
     assert str(info.value) == message
     assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("text", ["plain", "héllo", "ключ", "名前", "\U0001f600", ""])
+def test_text_of_any_script_is_storable(core_impl: ModuleType, text: str) -> None:
+    core_impl.check_storable({text: [text]}, "v")
+    assert core_impl.partition_checked({text or "k": text})[2] == {text or "k": text}
+
+
+def test_a_state_key_with_a_lone_surrogate_is_refused(core_impl: ModuleType) -> None:
+    for check in (core_impl.partition_checked, core_impl.check_delta):
+        with pytest.raises(StateValueError, match=r"^state key 'app:k\\ud800' holds a lone"):
+            check({"ok": 1, "app:k\ud800": 1})
+    # Temp keys and values are never stored, so they are not checked.
+    assert core_impl.partition_checked({"temp:\ud800": "\udc00"})[3] == {"temp:\ud800": "\udc00"}
 
 
 def test_check_storable_reports_the_first_problem(core_impl: ModuleType) -> None:
