@@ -369,6 +369,22 @@ def test_uri_options_and_arguments(tmp_path: Path) -> None:
         LmdbSessionService("sqlite:///x.db")
 
 
+def test_services_can_share_one_store(tmp_path: Path) -> None:
+    """Two services over one open store see the same sessions; both ways are refused."""
+    store = LmdbStore(tmp_path / "store")
+    first, second = LmdbSessionService(store=store), LmdbSessionService(store=store)
+
+    async def main() -> None:
+        created = await first.create_session(app_name="a", user_id="u", state={"k": 1})
+        read = await second.get_session(app_name="a", user_id="u", session_id=created.id)
+        assert read is not None and read.state == {"k": 1}
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="not both"):
+        LmdbSessionService(tmp_path / "other", store=store)
+    store.close()
+
+
 def test_import_registers_the_lmdb_scheme(tmp_path: Path) -> None:
     """ADK's registry builds our service for lmdb:// URIs, with the CLI's kwargs."""
     from google.adk.cli.service_registry import get_service_registry

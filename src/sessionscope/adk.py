@@ -194,7 +194,9 @@ class LmdbSessionService(_AdkService):
     store options (``lmdb:///srv/sessions?durability=deferred``); ``uri`` is
     the same, under the name ADK's ``services.yaml`` route passes it. Keyword
     options (``durability``, ``map_size``, ``flush_interval``, ``file_mode``,
-    ``max_readers``) override those of the query. ``agents_dir`` is accepted
+    ``max_readers``) override those of the query. ``store=`` takes an open
+    ``LmdbStore`` instead, for several services over one store in one process
+    (LMDB opens a path once per process). ``agents_dir`` is accepted
     because ADK's registry passes it; a relative path resolves against the
     current directory, as ADK's own ``sqlite://`` does.
     """
@@ -204,25 +206,32 @@ class LmdbSessionService(_AdkService):
         path_or_uri: str | os.PathLike[str] | None = None,
         *,
         uri: str | None = None,
+        store: LmdbStore | None = None,
         agents_dir: str | None = None,
         durability: str | None = None,
         **options: Any,
     ) -> None:
+        if store is not None:
+            # A process opens a store path once: services share its store.
+            if path_or_uri is not None or uri is not None or durability or options:
+                raise ValueError("give a store, or a path or URI with options, not both")
+            super().__init__(store)
+            return
         if (path_or_uri is None) == (uri is None):
-            raise ValueError("give exactly one of path_or_uri and uri")
+            raise ValueError("give exactly one of path_or_uri, uri and store")
         target = uri if uri is not None else path_or_uri
         if durability is not None:
             options["durability"] = durability
-        store: Store
+        opened: Store
         if isinstance(target, str) and "://" in target:
             if urlsplit(target).scheme != "lmdb":
                 raise ValueError(f"LmdbSessionService takes an lmdb:// URI, not {target!r}")
-            store = open_store(target, **options)
+            opened = open_store(target, **options)
         elif isinstance(target, (str, os.PathLike)):
-            store = LmdbStore(target, **options)
+            opened = LmdbStore(target, **options)
         else:
             raise ValueError(f"path_or_uri must be a path or an lmdb:// URI, not {target!r}")
-        super().__init__(store)
+        super().__init__(opened)
 
 
 def _lmdb_factory(uri: str, **kwargs: Any) -> LmdbSessionService:
