@@ -16,7 +16,6 @@ something imports it: a ``services.py`` in the agents directory holding
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -35,7 +34,7 @@ except ImportError:  # ADK before the stale-session check
 
 from . import errors
 from ._adk_codec import decode_events, encode_event
-from .service import AsyncSessions, ServiceCore, check_id, timestamp_of
+from .service import AsyncSessions, FieldModel, ServiceCore
 from .stores import LmdbStore, MemoryStore, Store, open_store
 from .stores.base import SessionRecord
 
@@ -70,35 +69,13 @@ _ERRORS: dict[type[BaseException], type[BaseException]] = {
 }
 
 
-class AdkModel:
+class AdkModel(FieldModel[Session, Event]):
     """The Model of google-adk's pydantic ``Session`` and ``Event``."""
 
-    def event_id(self, event: Event) -> str:
-        """Return the event's id, giving it a fresh one if it has none."""
-        if not event.id:
-            event.id = Event.new_id()
-        return check_id(event.id, "event.id")
-
-    def peek_event_id(self, event: Event) -> str:
-        """Return the event's id as it is, empty or not."""
-        return event.id
-
-    def event_timestamp(self, event: Event) -> float:
-        """Return the event's timestamp."""
-        return timestamp_of(event.timestamp)
-
-    def is_partial(self, event: Event) -> bool:
-        """Tell whether the event is a partial (streaming) one."""
-        return bool(event.partial)
-
-    def state_delta(self, event: Event) -> Mapping[str, Any] | None:
-        """Return the event's state delta, if any."""
-        actions = event.actions
-        return actions.state_delta if actions is not None else None
-
-    def set_state_delta(self, event: Event, delta: dict[str, Any]) -> None:
-        """Replace the event's state delta."""
-        event.actions.state_delta = delta
+    def new_event_id(self) -> str:
+        """Return a fresh event id, as ADK makes them."""
+        event_id: str = Event.new_id()
+        return event_id
 
     def encode_event(self, event: Event) -> bytes:
         """Return the stored record of an event."""
@@ -108,18 +85,10 @@ class AdkModel:
         """Return the events stored as ``records``."""
         return decode_events(records)
 
-    def session_ids(self, session: Session) -> tuple[str, str, str]:
-        """Return (app_name, user_id, session_id) of a session object."""
-        return session.app_name, session.user_id, session.id
-
     def marker(self, session: Session) -> str | None:
         """Return the revision marker a session object carries."""
         marker: str | None = session._storage_update_marker
         return marker
-
-    def live_parts(self, session: Session) -> tuple[dict[str, Any], list[Event], float]:
-        """Return the state, the events and the last update time of a session object."""
-        return session.state, session.events, session.last_update_time
 
     def update_session(self, session: Session, last_update_time: float, marker: str) -> None:
         """Set a live session's last update time and marker."""

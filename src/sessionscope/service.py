@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ID_BYTES",
     "AsyncSessions",
+    "FieldModel",
     "Model",
     "NativeModel",
     "ServiceCore",
@@ -163,34 +164,66 @@ class Model(Protocol[S, E]):
         ...
 
 
-class NativeModel:
-    """The Model of this package's own ``Session`` and ``Event`` dataclasses."""
+class FieldModel(Generic[S, E]):
+    """The Model methods shared by session and event classes with ADK's field names.
 
-    def event_id(self, event: Event) -> str:
+    Events carry ``id``, ``timestamp``, ``partial`` and ``actions.state_delta``;
+    sessions ``app_name``, ``user_id``, ``id``, ``state``, ``events`` and
+    ``last_update_time``. A subclass says how to encode, decode and build
+    them, where the marker lives, and how to make a fresh event id.
+    """
+
+    def new_event_id(self) -> str:
+        """Return a fresh event id."""
+        return new_event_id()
+
+    def event_id(self, event: E) -> str:
         """Return the event's id, giving it a fresh one if it has none."""
-        if not event.id:
-            event.id = new_event_id()
-        return check_id(event.id, "event.id")
+        item: Any = event
+        if not item.id:
+            item.id = self.new_event_id()
+        return check_id(item.id, "event.id")
 
-    def peek_event_id(self, event: Event) -> str:
+    def peek_event_id(self, event: E) -> str:
         """Return the event's id as it is, empty or not."""
-        return event.id
+        item: Any = event
+        event_id: str = item.id
+        return event_id
 
-    def event_timestamp(self, event: Event) -> float:
+    def event_timestamp(self, event: E) -> float:
         """Return the event's timestamp."""
-        return timestamp_of(event.timestamp)
+        item: Any = event
+        return timestamp_of(item.timestamp)
 
-    def is_partial(self, event: Event) -> bool:
+    def is_partial(self, event: E) -> bool:
         """Tell whether the event is a partial (streaming) one."""
-        return bool(event.partial)
+        item: Any = event
+        return bool(item.partial)
 
-    def state_delta(self, event: Event) -> Mapping[str, Any] | None:
+    def state_delta(self, event: E) -> Mapping[str, Any] | None:
         """Return the event's state delta, if any."""
-        return event.actions.state_delta if event.actions is not None else None
+        item: Any = event
+        delta: Mapping[str, Any] | None = item.actions.state_delta if item.actions else None
+        return delta
 
-    def set_state_delta(self, event: Event, delta: dict[str, Any]) -> None:
+    def set_state_delta(self, event: E, delta: dict[str, Any]) -> None:
         """Replace the event's state delta."""
-        event.actions.state_delta = delta
+        item: Any = event
+        item.actions.state_delta = delta
+
+    def session_ids(self, session: S) -> tuple[str, str, str]:
+        """Return (app_name, user_id, session_id) of a session object."""
+        item: Any = session
+        return item.app_name, item.user_id, item.id
+
+    def live_parts(self, session: S) -> tuple[dict[str, Any], list[E], float]:
+        """Return the state, the events and the last update time of a session object."""
+        item: Any = session
+        return item.state, item.events, item.last_update_time
+
+
+class NativeModel(FieldModel[Session, Event]):
+    """The Model of this package's own ``Session`` and ``Event`` dataclasses."""
 
     def encode_event(self, event: Event) -> bytes:
         """Return the stored record of an event: its set fields only."""
@@ -202,17 +235,9 @@ class NativeModel:
         """Return the events stored as ``records``."""
         return [event_from_record(codec.decode_event(record)) for record in records]
 
-    def session_ids(self, session: Session) -> tuple[str, str, str]:
-        """Return (app_name, user_id, session_id) of a session object."""
-        return session.app_name, session.user_id, session.id
-
     def marker(self, session: Session) -> str | None:
         """Return the revision marker a session object carries."""
         return session.revision
-
-    def live_parts(self, session: Session) -> tuple[dict[str, Any], list[Event], float]:
-        """Return the state, the events and the last update time of a session object."""
-        return session.state, session.events, session.last_update_time
 
     def update_session(self, session: Session, last_update_time: float, marker: str) -> None:
         """Set a live session's last update time and marker."""
