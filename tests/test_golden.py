@@ -1,0 +1,110 @@
+"""A store written by an earlier version (format 1) reads back exactly.
+
+``tests/golden/format-1`` was written once by ``tests/golden/make_golden.py``
+and is never rewritten: a change to the layout or the codec that cannot read
+it breaks this test, and needs a new format version and a migration.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from sessionscope import (
+    Event,
+    EventActions,
+    GetSessionConfig,
+    LmdbStore,
+    SyncSessionService,
+    codec,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "format-1"
+APP = "golden"
+VALUES = {
+    "none": None,
+    "flag": True,
+    "int": -(2**63),
+    "uint": 2**64 - 1,
+    "float": 2.5,
+    "text": "héllo wörld ✓",
+    "bytes": b"\x00\xff",
+    "list": [1, "two", [3.0]],
+    "map": {"k": {"nested": [None, False]}},
+}
+ODD_ID = "s/1:\x00 ünïcode " + "x" * 300
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[SyncSessionService]:
+    """Open a copy of the golden store: the committed files are never touched."""
+    copy = tmp_path / "store"
+    copy.mkdir()
+    shutil.copy(GOLDEN / "data.mdb", copy / "data.mdb")
+    opened = SyncSessionService(LmdbStore(copy))
+    yield opened
+    opened.close()
+
+
+def test_the_golden_store_records_format_1() -> None:
+    env = lmdb.open(str(GOLDEN), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            header = txn.get(b"format", db=meta)
+    finally:
+        env.close()
+    assert header is not None and header[0] == 1
+    assert codec.unpack(header[1:]) == {"magic": "sessionscope", "format": 1}
+
+
+def test_sessions_state_and_events_read_back(service: SyncSessionService) -> None:
+    session = service.get_session(app_name=APP, user_id="ada", session_id="s1")
+    assert session is not None
+    assert session.state == {
+        **VALUES,
+        "turn": 4,
+        "app:plan": "pro",
+        "user:name": "Ada",
+        "user:seen": 4,
+    }
+    assert [e.id for e in session.events] == [f"e{n}" for n in range(5)]
+    for n, event in enumerate(session.events):
+        assert event.author == ("model" if n % 2 else "user")
+        assert event.timestamp == 1_700_000_000.0 + n
+        assert event.content == {"parts": [{"text": f"turn {n}"}], "blob": bytes([n])}
+        assert event.actions.state_delta == {"turn": n, "user:seen": n}
+        assert event.custom_metadata == {"n": n}
+    assert service.get_app_state(app_name=APP) == {"plan": "pro"}
+    assert service.get_user_state(app_name=APP, user_id="ada") == {"name": "Ada", "seen": 4}
+
+
+def test_filters_listing_and_long_ids_read_back(service: SyncSessionService) -> None:
+    last = service.get_session(
+        app_name=APP,
+        user_id="ada",
+        session_id="s1",
+        config=GetSessionConfig(num_recent_events=2, after_timestamp=1_700_000_004.0),
+    )
+    assert last is not None and [e.id for e in last.events] == ["e4"]
+    odd = service.get_session(app_name=APP, user_id="bob", session_id=ODD_ID)
+    assert odd is not None and [e.content for e in odd.events] == ["hi"]
+    listed = service.list_sessions(app_name=APP).sessions
+    assert [(m.user_id, m.id, m.event_count) for m in listed] == [
+        ("ada", "s1", 5),
+        ("bob", ODD_ID, 1),
+    ]
+
+
+def test_the_golden_store_takes_new_appends(service: SyncSessionService) -> None:
+    session = service.get_session(app_name=APP, user_id="ada", session_id="s1")
+    assert session is not None
+    service.append_event(
+        session, Event(author="user", actions=EventActions(state_delta={"turn": 5}))
+    )
+    again = service.get_session(app_name=APP, user_id="ada", session_id="s1")
+    assert again is not None and len(again.events) == 6 and again.state["turn"] == 5
