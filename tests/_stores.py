@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+import sessionscope
 from sessionscope import (
     Event,
     EventActions,
@@ -136,6 +137,17 @@ def asvc(store_factory: StoreFactory) -> SessionService:
 
 
 # Helpers shared by the test modules.
+
+# The child-process commands (tests/_workers.py), run as `python WORKERS cmd ...`.
+WORKERS = Path(__file__).with_name("_workers.py")
+
+
+def child_env() -> dict[str, str]:
+    """Return the environment of a worker process: this one, finding this package."""
+    env = dict(os.environ)
+    src = str(Path(sessionscope.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
 
 
 def ev(

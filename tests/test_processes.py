@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import pytest
 
+import _stores
 import sessionscope
 from _stores import APP, USER, ev, event_ids
 from sessionscope import LmdbStore, SyncSessionService
@@ -28,14 +29,7 @@ from sessionscope.errors import StaleSessionError
 
 pytestmark = pytest.mark.slow
 
-WORKERS = Path(__file__).with_name("_workers.py")
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(sessionscope.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
+WORKERS = _stores.WORKERS
 
 
 class Child:
@@ -49,7 +43,7 @@ class Child:
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._err,
-            env=_child_env(),
+            env=_stores.child_env(),
         )
         self._buf = b""
 

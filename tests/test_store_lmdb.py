@@ -48,14 +48,7 @@ from sessionscope.errors import (
 # Fixtures shared with the other modules (bound here so pytest finds them).
 lmdb_factory = _stores.lmdb_factory
 
-WORKERS = Path(__file__).with_name("_workers.py")
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(sessionscope.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
+WORKERS = _stores.WORKERS
 
 
 def _run_worker(*args: str, timeout: float = 60.0) -> Any:
@@ -65,7 +58,7 @@ def _run_worker(*args: str, timeout: float = 60.0) -> Any:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_child_env(),
+        env=_stores.child_env(),
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
