@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -349,7 +350,11 @@ def _concurrency_event(number: int) -> Event:
     )
 
 
-async def _tasks_throughput(service: SessionService, writers: int, seconds: float) -> float:
+async def _tasks_throughput(
+    service: Any, writers: int, seconds: float, make_event: Callable[[int], Any] | None = None
+) -> float:
+    """Return appends/s of ``writers`` tasks on ``service``, native or ADK's (``make_event``)."""
+    make_event = make_event or _concurrency_event
     sessions = [
         await service.create_session(
             app_name="bench", user_id=f"u{i}", session_id=f"t{writers}-{i}"
@@ -362,7 +367,7 @@ async def _tasks_throughput(service: SessionService, writers: int, seconds: floa
     async def writer(index: int) -> None:
         session = sessions[index]
         while time.perf_counter() < deadline:
-            await service.append_event(session, _concurrency_event(done[index]))
+            await service.append_event(session, make_event(done[index]))
             done[index] += 1
 
     started = time.perf_counter()
@@ -411,25 +416,11 @@ def threads_throughput(uri: str, writers: int, seconds: float) -> float:
 def _adk_tasks_throughput(service: Any, writers: int, seconds: float) -> float:
     from google.adk.events import Event as AdkEvent
 
+    def make_event(number: int) -> Any:
+        return AdkEvent.model_validate(event_to_record(_concurrency_event(number)))
+
     async def main() -> float:
-        sessions = [
-            await service.create_session(
-                app_name="bench", user_id=f"u{i}", session_id=f"t{writers}-{i}"
-            )
-            for i in range(writers)
-        ]
-        done = [0] * writers
-        deadline = time.perf_counter() + seconds
-
-        async def writer(index: int) -> None:
-            while time.perf_counter() < deadline:
-                record = event_to_record(_concurrency_event(done[index]))
-                await service.append_event(sessions[index], AdkEvent.model_validate(record))
-                done[index] += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(writer(i) for i in range(writers)))
-        rate = sum(done) / (time.perf_counter() - started)
+        rate = await _tasks_throughput(service, writers, seconds, make_event)
         close = getattr(service, "close", None)
         if close is not None:
             await close()
