@@ -14,6 +14,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
+from golden.make_golden import APP, ODD_ID, VALUES
 from sessionscope import (
     Event,
     EventActions,
@@ -24,19 +25,6 @@ from sessionscope import (
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "format-1"
-APP = "golden"
-VALUES = {
-    "none": None,
-    "flag": True,
-    "int": -(2**63),
-    "uint": 2**64 - 1,
-    "float": 2.5,
-    "text": "héllo wörld ✓",
-    "bytes": b"\x00\xff",
-    "list": [1, "two", [3.0]],
-    "map": {"k": {"nested": [None, False]}},
-}
-ODD_ID = "s/1:\x00 ünïcode " + "x" * 300
 
 
 @pytest.fixture
