@@ -396,13 +396,15 @@ class ServiceCore(Generic[S, E]):
         loaded = self.store.load_session(app, user, sid, count, after)
         return None if loaded is None else self.finish_load(loaded)
 
-    def list_records(self, app_name: object, user_id: object) -> list[SessionRecord]:
-        """Return the records of an app's (or user's) sessions, oldest activity first."""
+    def _records(self, app_name: object, user_id: object) -> list[SessionRecord]:
+        """Return the records of an app's (or user's) sessions, in no order."""
         app = check_id(app_name, "app_name")
         user = None if user_id is None else check_id(user_id, "user_id")
-        records = self.store.list_sessions(app, user)
-        records.sort(key=_list_order)
-        return records
+        return self.store.list_sessions(app, user)
+
+    def list_records(self, app_name: object, user_id: object) -> list[SessionRecord]:
+        """Return the records of an app's (or user's) sessions, oldest activity first."""
+        return sorted(self._records(app_name, user_id), key=_list_order)
 
     def list_page(
         self, app_name: object, user_id: object, limit: int | None, cursor: str | None
@@ -412,9 +414,7 @@ class ServiceCore(Generic[S, E]):
             raise ValueError(f"limit must be an int or None, not {limit!r}")
         if limit is not None and limit <= 0:
             raise ValueError(f"limit must be positive, not {limit}")
-        app = check_id(app_name, "app_name")
-        user = None if user_id is None else check_id(user_id, "user_id")
-        records = self.store.list_sessions(app, user)
+        records = self._records(app_name, user_id)
         if cursor is not None:
             after = _decode_cursor(cursor)
             records = [r for r in records if _list_order(r) > after]
