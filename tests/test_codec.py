@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import msgpack
 import pytest
@@ -96,3 +97,27 @@ def test_nothing_is_pickled() -> None:
     # A value that pickle would take and msgpack must not.
     with pytest.raises(StateValueError):
         codec.encode_value({"when": range(3)}, "state['v']")
+
+
+def test_pack_after_a_failed_pack_writes_only_the_new_value() -> None:
+    # The packer is kept per thread: a failure halfway must leave nothing behind.
+    with pytest.raises(TypeError):
+        codec.pack({"ok": [1, 2], "bad": object()})
+    assert codec.pack({"a": 1}) == msgpack.packb({"a": 1}, use_bin_type=True)
+
+
+def test_threads_packing_at_once_each_get_their_own_bytes() -> None:
+    values = [{"thread": n, "items": list(range(n, n + 50)), "text": "x" * n} for n in range(8)]
+    expected = [msgpack.packb(v, use_bin_type=True) for v in values]
+    results: dict[int, list[bytes]] = {}
+
+    def work(n: int) -> None:
+        results[n] = [codec.pack(values[n]) for _ in range(2000)]
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for n in range(8):
+        assert set(results[n]) == {expected[n]}

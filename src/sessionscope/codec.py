@@ -8,6 +8,7 @@ carry a one-byte format version so that stored events can evolve.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -37,7 +38,22 @@ _EVENT_PREFIX = bytes([EVENT_FORMAT])
 
 # use_bin_type keeps bytes and str apart; datetime stays off because datetimes
 # are not storable values. strict_map_key admits only str (and bytes) map keys.
-pack = partial(msgpack.packb, use_bin_type=True, datetime=False)
+_PACKER_OPTIONS = {"use_bin_type": True, "datetime": False}
+# msgpack.packb builds a Packer on every call, which costs more than packing
+# a small value; each thread keeps one instead (a Packer is not thread-safe).
+_local = threading.local()
+
+
+def pack(value: Any) -> bytes:
+    """Return the msgpack bytes of a value."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(**_PACKER_OPTIONS)
+    result: bytes = packer.pack(value)
+    return result
+
+
 unpack = partial(msgpack.unpackb, raw=False, strict_map_key=True, use_list=True)
 
 
