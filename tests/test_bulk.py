@@ -90,6 +90,29 @@ def test_a_conflicting_event_id_stops_the_batch(svc: SyncSessionService) -> None
     assert stored is not None and ids(stored.events) == [original.id]
 
 
+def test_a_clash_between_two_events_of_one_batch_stops_it_at_the_second(
+    svc: SyncSessionService,
+) -> None:
+    """An id given twice in one batch with other content: the first lands, then the error."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    first = ev({"n": 1})
+    clash, later = ev({"n": 2}, id=first.id), ev({"n": 3})
+    with pytest.raises(DuplicateEventError):
+        svc.append_many([(s, first), (s, clash), (s, later)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and ids(stored.events) == [first.id]
+    assert stored.state == {"n": 1} and s.revision == stored.revision
+
+
+def test_long_state_keys_in_a_batch_keep_their_last_value(svc: SyncSessionService) -> None:
+    """Keys stored under a digest, written twice in a batch, read back whole and last."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    long_key, long_app = "k" * 400, "app:" + "a" * 400
+    svc.append_many([(s, ev({long_key: 1, long_app: "x"})), (s, ev({long_key: 2, long_app: "y"}))])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and stored.state == {long_key: 2, long_app: "y"}
+
+
 def test_a_bad_value_anywhere_stores_nothing(svc: SyncSessionService) -> None:
     """An unstorable value is refused before any append of the batch is stored."""
     s = svc.create_session(app_name=APP, user_id=USER, session_id="s")

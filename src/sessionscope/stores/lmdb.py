@@ -107,6 +107,15 @@ def _sortable_time(timestamp: float) -> bytes:
     return _U64.pack(bits)
 
 
+def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Items) -> None:
+    """Add the entries of state items under ``owner`` to a list of puts."""
+    for key, value in items:
+        part = _part(key)
+        if part[:2] == _DIGEST_MARK:
+            value = pack([key, value])
+        puts.append((owner + part, value))
+
+
 class _Gate:
     """Let transactions run together, or the map be resized with none running.
 
@@ -500,11 +509,10 @@ class LmdbStore:
         txn.put(key, pack(record.to_list()), db=self._sessions)
 
     def _put_items(self, txn: Any, handle: Any, owner: bytes, items: Items) -> None:
-        for key, value in items:
-            part = _part(key)
-            if part[:2] == _DIGEST_MARK:
-                value = pack([key, value])
-            txn.put(owner + part, value, db=handle)
+        puts: list[tuple[bytes, bytes]] = []
+        _add_items(puts, owner, items)
+        for key, value in puts:
+            txn.put(key, value, db=handle)
 
     def _read_map(self, txn: Any, handle: Any, owner: bytes) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -656,21 +664,9 @@ class LmdbStore:
 
         return self._write(delete)
 
-    def _append(
-        self,
-        txn: Any,
-        request: AppendRequest,
-        records: dict[tuple[str, str, str], SessionRecord] | None = None,
-    ) -> AppendResult:
-        """Append one event; with ``records``, session records are read once and
-        written by the caller (``append_many`` writes each once per batch)."""
-        ids = (request.app_name, request.user_id, request.session_id)
-        if records is not None and ids in records:
-            record: SessionRecord | None = records[ids]
-        else:
-            record = self._record(txn, *ids)
-            if records is not None and record is not None:
-                records[ids] = record
+    def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
+        """Append one event: check, write its entries, update the session record."""
+        record = self._record(txn, request.app_name, request.user_id, request.session_id)
         data = self._data
         stored = None
         if record is not None:
@@ -706,8 +702,7 @@ class LmdbStore:
         record.event_count += 1
         record.last_update_time = request.timestamp
         record.last_event_id = request.event_id
-        if records is None:
-            self._put_record(txn, record)
+        self._put_record(txn, record)
         result = AppendResult(record.marker, record.last_update_time)
         if not request.catch_up:
             return result
@@ -725,20 +720,66 @@ class LmdbStore:
     def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
         """Append a batch in one transaction; on an error, commit those before it.
 
-        Each session record is read once and written once per batch.
+        Each session record is read once and written once per batch, and the
+        batch's entries go to each database in one ``putmulti`` call rather
+        than a Python call per entry.
         """
 
         def append_all(txn: Any) -> list[AppendResult]:
+            data, shared = self._data, self._shared
             results: list[AppendResult] = []
-            records: dict[tuple[str, str, str], SessionRecord] = {}
-            for request in requests:
+            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes]] = {}
+            data_puts: list[tuple[bytes, bytes]] = []
+            shared_puts: list[tuple[bytes, bytes]] = []
+            # Events of this batch by id key: not yet in the store, seen by repeats.
+            batch_events: dict[bytes, bytes] = {}
+            for index, request in enumerate(requests):
+                ids = (request.app_name, request.user_id, request.session_id)
+                known = records.get(ids)
+                if known is None:
+                    found = self._record(txn, *ids)
+                    if found is not None:
+                        known = records[ids] = (found, _U64.pack(found.number))
+                record: SessionRecord | None = None
+                stored = None
+                if known is not None:
+                    record, number = known
+                    id_key = number + _EVENT_ID + _unique_part(request.event_id)
+                    stored = batch_events.get(id_key)
+                    if stored is None:
+                        seq = txn.get(id_key, db=data)
+                        if seq is not None:
+                            stored = txn.get(number + _EVENT + seq, db=data)[8:]
                 try:
-                    results.append(self._append(txn, request, records))
-                except lmdb.MapFullError:
-                    raise
+                    if check_append(record, request, stored):
+                        results.append(AppendResult(None, duplicate=True))
+                        continue
                 except Exception as error:
-                    raise _PartialBatch(len(results), error) from error
-            for record in records.values():
+                    raise _PartialBatch(index, error) from error
+                assert record is not None
+                if request.app_items or request.user_items:
+                    app = _part(request.app_name)
+                    _add_items(shared_puts, _APP + app, request.app_items)
+                    owner = _USER + app + _part(request.user_id)
+                    _add_items(shared_puts, owner, request.user_items)
+                if request.session_items:
+                    _add_items(data_puts, number + _STATE, request.session_items)
+                seq = _U64.pack(record.event_count)
+                timestamp = request.timestamp
+                data_puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
+                data_puts.append((id_key, seq))
+                data_puts.append((number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""))
+                batch_events[id_key] = request.event
+                record.event_count += 1
+                record.last_update_time = timestamp
+                record.last_event_id = request.event_id
+                results.append(AppendResult(record.marker, timestamp))
+            # putmulti writes in list order and overwrites: the last write of
+            # a key wins. (Sorting first was measured slower than it saves.)
+            for handle, puts in ((data, data_puts), (shared, shared_puts)):
+                if puts:
+                    txn.cursor(db=handle).putmulti(puts)
+            for record, _ in records.values():
                 self._put_record(txn, record)
             return results
 
