@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
 from functools import lru_cache
 from hashlib import blake2b
@@ -233,7 +233,13 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
-        self._writes: queue.SimpleQueue[_Queued | None]
+        # Writes waiting for the group commit, in arrival order.
+        self._writes: deque[_Queued] = deque()
+        # Wakes the writer thread, only when a write waits that no calling
+        # thread will commit (a woken thread that finds nothing costs two
+        # context switches per write).
+        self._wake = threading.Condition(threading.Lock())
+        self._stopping = False
         # Held by whichever thread commits queued writes: the writer or a caller.
         self._leader = threading.Lock()
         # Makes "is the store open?" and queueing a write one step.
@@ -244,7 +250,6 @@ class LmdbStore:
         self._sync_waiters: list[Pending[None]] = []
         self._dirty = False
         if durability == "sync":
-            self._writes = queue.SimpleQueue()
             self._writer = threading.Thread(
                 target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
             )
@@ -389,10 +394,10 @@ class LmdbStore:
             return Completion.done(value) if ok else Completion.failed(value)
         pending: Pending[T] = Pending()
         with self._admit:
-            # Checked with the put, so that nothing is queued behind the
-            # writer thread's stop mark.
+            # Checked with the append, so that nothing is queued after the
+            # writer thread's last pass.
             self._check_open()
-            self._writes.put((action, pending))
+            self._writes.append((action, pending))
         # A thread with no event loop may commit the queue itself (it would
         # only wait otherwise), saving two thread wake-ups; a thread running
         # an event loop leaves the disk wait to the writer thread. A leader
@@ -404,6 +409,12 @@ class LmdbStore:
                     pass
             finally:
                 self._leader.release()
+            if not self._writes:
+                return Completion.waiting(pending)
+        # A write queued after the check above was queued by a thread that
+        # could not lead: that thread wakes the writer itself.
+        with self._wake:
+            self._wake.notify()
         return Completion.waiting(pending)
 
     def _run_writes(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
@@ -435,31 +446,30 @@ class LmdbStore:
                 return [self._run_writes([action])[0] for action in actions]
 
     def _write_loop(self) -> None:
-        """Commit queued writes that no calling thread commits, until closed."""
-        while True:
-            item = self._writes.get()
-            if item is None:
-                return
-            with self._leader:
-                self._commit_queued(item)
+        """Commit queued writes that no calling thread commits, until closed.
 
-    def _commit_queued(self, first: _Queued | None = None) -> bool:
-        """Commit ``first`` and every write waiting behind it in one transaction.
+        On close, what was queued before it is still committed.
+        """
+        while True:
+            with self._wake:
+                while not self._writes and not self._stopping:
+                    self._wake.wait()
+                if not self._writes:
+                    return
+            with self._leader:
+                while self._commit_queued():
+                    pass
+
+    def _commit_queued(self) -> bool:
+        """Commit the writes waiting in the queue (up to a batch) in one transaction.
 
         Return whether anything was committed. Called with ``_leader`` held, so
-        one thread at a time commits; the close mark is left in the queue for
-        the writer thread.
+        one thread at a time commits.
         """
-        batch = [first] if first is not None else []
-        while len(batch) < _MAX_BATCH:
-            try:
-                item = self._writes.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._writes.put(None)
-                break
-            batch.append(item)
+        batch: list[_Queued] = []
+        writes = self._writes
+        while writes and len(batch) < _MAX_BATCH:
+            batch.append(writes.popleft())
         if not batch:
             return False
         try:
@@ -820,18 +830,17 @@ class LmdbStore:
         if self._closed:
             return
         if self._writer is not None:
-            # Closed first, so that no write is queued behind the stop mark...
+            # Closed first, so that nothing is queued after the writer's last pass...
             with self._admit:
                 self._closed = True
-                self._writes.put(None)
+            with self._wake:
+                self._stopping = True
+                self._wake.notify()
             self._writer.join()
-            # ...and one that slipped in as it closed is told so, not left waiting.
+            # ...and should one be left all the same, it is told so, not left waiting.
             with self._leader:
-                left = []
-                while not self._writes.empty():
-                    item = self._writes.get_nowait()
-                    if item is not None:
-                        left.append(item)
+                left = list(self._writes)
+                self._writes.clear()
             closed = StoreClosedError(f"the store at {self.path} was closed", hint="open it again")
             finish_all((pending, False, closed) for _, pending in left)
         if self._syncer is not None:
