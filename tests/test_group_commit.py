@@ -140,3 +140,54 @@ def test_writes_racing_a_close_finish_or_are_refused(tmp_path: Path) -> None:
     assert sorted(set(outcomes)) <= ["closed", "done"] and len(outcomes) == 4
     with pytest.raises(StoreClosedError):
         service.get_session(app_name=APP, user_id="u", session_id="s0")
+
+
+def test_the_sync_api_called_inside_a_running_event_loop_completes(tmp_path: Path) -> None:
+    """A thread running an event loop never leads a commit: the writer thread takes its writes.
+
+    Blocking calls from inside a loop (a notebook, a sync helper in async code)
+    must still finish, each committed by the writer thread.
+    """
+    store = LmdbStore(tmp_path / "store", durability="sync")
+    service = SyncSessionService(store)
+
+    async def main() -> list[str]:
+        session = service.create_session(app_name=APP, user_id="u", session_id="s")
+        return [service.append_event(session, ev(n)).id for n in range(20)]
+
+    appended = asyncio.run(main())
+    stored = service.get_session(app_name=APP, user_id="u", session_id="s")
+    assert stored is not None and [e.id for e in stored.events] == appended
+    store.close()
+
+
+def test_writes_queued_while_a_thread_leads_are_all_committed(tmp_path: Path) -> None:
+    """Threads that find the commit led by another leave their writes to the writer thread.
+
+    Many threads on one session each append through append_event_locked; every
+    event lands exactly once and the counter kept in state counts them all.
+    """
+    store = LmdbStore(tmp_path / "store", durability="sync")
+    service = SyncSessionService(store)
+    service.create_session(app_name=APP, user_id="u", session_id="s")
+    per_thread, errors = 25, []
+
+    def writer(index: int) -> None:
+        try:
+            session = service.get_session(app_name=APP, user_id="u", session_id="s")
+            assert session is not None
+            for n in range(per_thread):
+                event = Event(
+                    author=f"w{index}",
+                    actions=EventActions(state_delta={f"w{index}": n}),
+                )
+                service.append_event_locked(session, event)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    run_threads([threading.Thread(target=writer, args=(i,)) for i in range(8)])
+    assert errors == []
+    stored = service.get_session(app_name=APP, user_id="u", session_id="s")
+    assert stored is not None and len(stored.events) == 8 * per_thread
+    assert stored.state == {f"w{i}": per_thread - 1 for i in range(8)}
+    store.close()
