@@ -422,6 +422,34 @@ def test_a_small_map_grows_by_itself(tmp_path: Path, durability: str, total_mb: 
             svc.append_event(s, ev(content=_blob(i, size)))
 
 
+def test_a_small_map_grows_under_the_bulk_path(tmp_path: Path) -> None:
+    """Batches that overflow a 1 MiB map grow it and land whole, in order."""
+    path = tmp_path / "store"
+    size = 16 * 1024
+    with SyncSessionService(LmdbStore(path, map_size=1 << 20, durability="deferred")) as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        for batch in range(4):
+            svc.append_many(
+                [
+                    (
+                        s,
+                        ev(
+                            content=_blob(batch * 1000 + i, size),
+                            delta={"b": batch},
+                            id=f"{batch}-{i}",
+                        ),
+                    )
+                    for i in range(200)
+                ]
+            )
+        assert (path / "data.mdb").stat().st_size > 12 * 1024 * 1024
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None
+        assert event_ids(got) == [f"{b}-{i}" for b in range(4) for i in range(200)]
+        assert got.events[-1].content == _blob(3 * 1000 + 199, size)
+        assert got.state == {"b": 3}
+
+
 # Deferred durability across processes
 
 
