@@ -163,6 +163,40 @@ def grow_child(path: str, app: str, user: str, sid: str) -> None:
         _say(json.dumps({"events": len(sizes), "bytes": sum(sizes), "ids": ids}))
 
 
+def fill_to_limit(path: str, durability: str, limit: str) -> None:
+    """Append 8 KB events under a file size limit until a write is refused; report.
+
+    The limit is the OS's own (RLIMIT_FSIZE): a write past it fails with EFBIG,
+    as a write to a full disk fails with ENOSPC.
+    """
+    import resource
+    import signal
+
+    from sessionscope.errors import StoreError
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))
+    deadline = time.monotonic() + MAX_SECONDS
+    report: dict[str, Any] = {"acknowledged": []}
+    svc = SyncSessionService(LmdbStore(path, durability=durability))  # type: ignore[arg-type]
+    s = svc.create_session(app_name="app", user_id="user", session_id="s")
+    for n in range(5000):
+        if time.monotonic() > deadline:
+            raise SystemExit("fill_to_limit ran out of time")
+        event = Event(author="agent", content={"blob": f"{n:08d}" * 1000})
+        try:
+            svc.append_event(s, event)
+        except StoreError as error:
+            report["error"] = {"type": type(error).__name__, "hint": error.hint}
+            break
+        report["acknowledged"].append(event.id)
+    report["live"] = [e.id for e in s.events]
+    stored = svc.get_session(app_name="app", user_id="user", session_id="s")
+    report["stored"] = [e.id for e in stored.events] if stored else None
+    _say(json.dumps(report))
+    svc.close()
+
+
 def no_pickle(path: str) -> None:
     """Run every operation on both services and stores; report whether pickle was imported."""
     import asyncio
@@ -216,6 +250,7 @@ COMMANDS = {
     "stale_reader": stale_reader,
     "grow_child": grow_child,
     "no_pickle": no_pickle,
+    "fill_to_limit": fill_to_limit,
 }
 
 

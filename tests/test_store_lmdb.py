@@ -23,6 +23,7 @@ import sessionscope
 from _stores import (
     APP,
     USER,
+    WORKERS,
     StoreFactory,
     ev,
     event_ids,
@@ -47,8 +48,6 @@ from sessionscope.errors import (
 
 # Fixtures shared with the other modules (bound here so pytest finds them).
 lmdb_factory = _stores.lmdb_factory
-
-WORKERS = _stores.WORKERS
 
 
 def _run_worker(*args: str, timeout: float = 60.0) -> Any:
@@ -448,6 +447,30 @@ def test_a_small_map_grows_under_the_bulk_path(tmp_path: Path) -> None:
         assert event_ids(got) == [f"{b}-{i}" for b in range(4) for i in range(200)]
         assert got.events[-1].content == _blob(3 * 1000 + 199, size)
         assert got.state == {"b": 3}
+
+
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_a_write_the_disk_refuses_is_a_store_error_and_loses_nothing(
+    tmp_path: Path, durability: str
+) -> None:
+    """A commit the OS refuses (here a file size limit) is a StoreError with a hint.
+
+    The events acknowledged before it are stored, the live session matches the
+    store, and the store opens and takes appends again once there is room.
+    """
+    path = tmp_path / "store"
+    report = _run_worker("fill_to_limit", str(path), durability, str(2 << 20), timeout=120)
+    assert report["error"]["type"] == "StoreError" and "disk space" in report["error"]["hint"]
+    acknowledged = report["acknowledged"]
+    assert 10 < len(acknowledged) < 5000
+    assert report["stored"] == acknowledged and report["live"] == acknowledged
+    with SyncSessionService(LmdbStore(path, durability=durability)) as svc:  # type: ignore[arg-type]
+        s = svc.get_session(app_name="app", user_id="user", session_id="s")
+        assert s is not None and event_ids(s) == acknowledged
+        svc.append_event(s, ev(content="after"))
+    with SyncSessionService(LmdbStore(path)) as svc:
+        s = svc.get_session(app_name="app", user_id="user", session_id="s")
+        assert s is not None and event_ids(s)[:-1] == acknowledged
 
 
 # Deferred durability across processes

@@ -379,12 +379,15 @@ class LmdbStore:
 
     def _read(self, action: Callable[[Any], T]) -> T:
         self._check_open()
-        with self._gate:
-            txn = self._begin()
-            try:
-                return action(txn)
-            finally:
-                txn.abort()
+        try:
+            with self._gate:
+                txn = self._begin()
+                try:
+                    return action(txn)
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure("reading the store", error) from error
 
     def _write(self, action: Callable[[Any], T]) -> Completion[T]:
         """Run a write: queued for group commit, or inline without fsync."""
@@ -432,17 +435,23 @@ class LmdbStore:
                     txn = self._begin(write=True)
                     try:
                         results = [action(txn) for action in actions]
-                        txn.commit()
                     except BaseException:
                         txn.abort()
                         raise
+                    # LMDB frees the transaction whether the commit succeeds or not.
+                    txn.commit()
                 self._dirty = True
                 return [(True, result) for result in results]
             except lmdb.MapFullError:
                 self._grow()
             except Exception as error:  # the failing write's own outcome
+                if isinstance(error, lmdb.Error):
+                    failure: Exception = _lmdb_failure("writing to the store", error)
+                    failure.__cause__ = error
+                else:
+                    failure = error
                 if len(actions) == 1:
-                    return [(False, error)]
+                    return [(False, failure)]
                 return [self._run_writes([action])[0] for action in actions]
 
     def _write_loop(self) -> None:
@@ -495,6 +504,9 @@ class LmdbStore:
                 try:
                     with self._gate:
                         self._env.sync(True)
+                except lmdb.Error as failure:  # reported to flushers
+                    error = _lmdb_failure("syncing the store", failure)
+                    error.__cause__ = failure
                 except BaseException as failure:  # reported to flushers
                     error = failure
             finish_all((waiter, error is None, error) for waiter in waiters)
@@ -881,6 +893,18 @@ class _PartialBatch(Exception):
         super().__init__(applied, error)
         self.applied = applied
         self.error = error
+
+
+def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
+    """Return the error a caller sees when LMDB itself fails (disk full, I/O, limits)."""
+    if isinstance(error, lmdb.ReadersFullError):
+        hint = "more transactions are open at once than max_readers allows: raise max_readers"
+    else:
+        hint = (
+            "check free disk space, file size limits and the disk; "
+            "what was stored before this call is intact"
+        )
+    return StoreError(f"{doing} failed: {error}", hint=hint)
 
 
 def _check_format(path: Path, header: bytes | None) -> None:
