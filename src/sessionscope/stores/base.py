@@ -192,6 +192,12 @@ class SessionRecord:
         """Return the revision marker: which session, after how many events."""
         return f"{self.number}:{self.event_count}"
 
+    def advance(self, event_id: str, timestamp: float) -> None:
+        """Move past an event appended to the session."""
+        self.event_count += 1
+        self.last_update_time = timestamp
+        self.last_event_id = event_id
+
     def to_list(self) -> list[Any]:
         """Return the record as a packable list."""
         return [

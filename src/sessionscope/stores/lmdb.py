@@ -116,6 +116,23 @@ def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Items) -> N
         puts.append((owner + part, value))
 
 
+def _event_entries(
+    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest
+) -> tuple[tuple[bytes, bytes], ...]:
+    """Return the data entries of an event appended as the session's next one.
+
+    The record (after its timestamp, which an ``after_timestamp`` read checks
+    first), its id index entry and its time index entry.
+    """
+    seq = _U64.pack(record.event_count)
+    timestamp = request.timestamp
+    return (
+        (number + _EVENT + seq, _F64.pack(timestamp) + request.event),
+        (id_key, seq),
+        (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""),
+    )
+
+
 class _Gate:
     """Let transactions run together, or the map be resized with none running.
 
@@ -445,11 +462,9 @@ class LmdbStore:
             except lmdb.MapFullError:
                 self._grow()
             except Exception as error:  # the failing write's own outcome
+                failure: Exception = error
                 if isinstance(error, lmdb.Error):
-                    failure: Exception = _lmdb_failure("writing to the store", error)
-                    failure.__cause__ = error
-                else:
-                    failure = error
+                    failure = _lmdb_failure("writing to the store", error)
                 if len(actions) == 1:
                     return [(False, failure)]
                 return [self._run_writes([action])[0] for action in actions]
@@ -506,7 +521,6 @@ class LmdbStore:
                         self._env.sync(True)
                 except lmdb.Error as failure:  # reported to flushers
                     error = _lmdb_failure("syncing the store", failure)
-                    error.__cause__ = failure
                 except BaseException as failure:  # reported to flushers
                     error = failure
             finish_all((waiter, error is None, error) for waiter in waiters)
@@ -525,6 +539,14 @@ class LmdbStore:
         if (record.app_name, record.user_id, record.session_id) != (app_name, user_id, session_id):
             raise StoreError("two session ids share a digest", hint="report this as a bug")
         return record
+
+    def _stored_event(self, txn: Any, number: bytes, id_key: bytes) -> bytes | None:
+        """Return the stored record of the session's event under ``id_key``, if any."""
+        seq = txn.get(id_key, db=self._data)
+        if seq is None:
+            return None
+        stored: bytes = txn.get(number + _EVENT + seq, db=self._data)[8:]
+        return stored
 
     def _put_record(self, txn: Any, record: SessionRecord) -> None:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
@@ -694,9 +716,7 @@ class LmdbStore:
         if record is not None:
             number = _U64.pack(record.number)
             id_key = number + _EVENT_ID + _unique_part(request.event_id)
-            seq = txn.get(id_key, db=data)
-            if seq is not None:
-                stored = txn.get(number + _EVENT + seq, db=data)[8:]
+            stored = self._stored_event(txn, number, id_key)
         if check_append(record, request, stored):
             return AppendResult(None, duplicate=True)
         assert record is not None
@@ -716,14 +736,9 @@ class LmdbStore:
             self._put_items(txn, self._shared, owner, request.user_items)
         if request.session_items:
             self._put_items(txn, self._data, number + _STATE, request.session_items)
-        seq = _U64.pack(record.event_count)
-        txn.put(number + _EVENT + seq, _F64.pack(request.timestamp) + request.event, db=data)
-        txn.put(id_key, seq, db=data)
-        time_key = number + _EVENT_TIME + _sortable_time(request.timestamp) + seq
-        txn.put(time_key, b"", db=data)
-        record.event_count += 1
-        record.last_update_time = request.timestamp
-        record.last_event_id = request.event_id
+        for key, value in _event_entries(number, id_key, record, request):
+            txn.put(key, value, db=data)
+        record.advance(request.event_id, request.timestamp)
         self._put_record(txn, record)
         result = AppendResult(record.marker, record.last_update_time)
         if not request.catch_up:
@@ -769,9 +784,7 @@ class LmdbStore:
                     id_key = number + _EVENT_ID + _unique_part(request.event_id)
                     stored = batch_events.get(id_key)
                     if stored is None:
-                        seq = txn.get(id_key, db=data)
-                        if seq is not None:
-                            stored = txn.get(number + _EVENT + seq, db=data)[8:]
+                        stored = self._stored_event(txn, number, id_key)
                 try:
                     if check_append(record, request, stored):
                         results.append(AppendResult(None, duplicate=True))
@@ -786,16 +799,10 @@ class LmdbStore:
                     _add_items(shared_puts, owner, request.user_items)
                 if request.session_items:
                     _add_items(data_puts, number + _STATE, request.session_items)
-                seq = _U64.pack(record.event_count)
-                timestamp = request.timestamp
-                data_puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
-                data_puts.append((id_key, seq))
-                data_puts.append((number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""))
+                data_puts.extend(_event_entries(number, id_key, record, request))
                 batch_events[id_key] = request.event
-                record.event_count += 1
-                record.last_update_time = timestamp
-                record.last_event_id = request.event_id
-                results.append(AppendResult(record.marker, timestamp))
+                record.advance(request.event_id, request.timestamp)
+                results.append(AppendResult(record.marker, record.last_update_time))
             # putmulti writes in list order and overwrites: the last write of
             # a key wins. (Sorting first was measured slower than it saves.)
             for handle, puts in ((data, data_puts), (shared, shared_puts)):
@@ -904,7 +911,9 @@ def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
             "check free disk space, file size limits and the disk; "
             "what was stored before this call is intact"
         )
-    return StoreError(f"{doing} failed: {error}", hint=hint)
+    failure = StoreError(f"{doing} failed: {error}", hint=hint)
+    failure.__cause__ = error
+    return failure
 
 
 def _check_format(path: Path, header: bytes | None) -> None:

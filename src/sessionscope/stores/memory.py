@@ -188,9 +188,7 @@ class MemoryStore:
         stored.event_index[request.event_id] = len(stored.events)
         stored.events.append(request.event)
         stored.timestamps.append(request.timestamp)
-        record.event_count += 1
-        record.last_update_time = request.timestamp
-        record.last_event_id = request.event_id
+        record.advance(request.event_id, request.timestamp)
         result = AppendResult(record.marker, record.last_update_time)
         if not request.catch_up:
             return result
