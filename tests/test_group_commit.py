@@ -118,15 +118,18 @@ def test_writes_racing_a_close_finish_or_are_refused(tmp_path: Path) -> None:
     ]
     started = threading.Barrier(5)
     outcomes: list[str] = []
+    acknowledged: dict[int, list[str]] = {i: [] for i in range(4)}
 
     def writer(index: int) -> None:
         started.wait()
         for n in range(200):
+            event = ev(n)
             try:
-                service.append_event(sessions[index], ev(n))
+                service.append_event(sessions[index], event)
             except StoreClosedError:
                 outcomes.append("closed")
                 return
+            acknowledged[index].append(event.id)
         outcomes.append("done")
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
@@ -140,6 +143,11 @@ def test_writes_racing_a_close_finish_or_are_refused(tmp_path: Path) -> None:
     assert sorted(set(outcomes)) <= ["closed", "done"] and len(outcomes) == 4
     with pytest.raises(StoreClosedError):
         service.get_session(app_name=APP, user_id="u", session_id="s0")
+    # What returned is stored, and what was refused is not.
+    with SyncSessionService(LmdbStore(tmp_path / "store")) as reopened:
+        for index in range(4):
+            stored = reopened.get_session(app_name=APP, user_id="u", session_id=f"s{index}")
+            assert stored is not None and [e.id for e in stored.events] == acknowledged[index]
 
 
 def test_the_sync_api_called_inside_a_running_event_loop_completes(tmp_path: Path) -> None:

@@ -472,17 +472,19 @@ class LmdbStore:
     def _write_loop(self) -> None:
         """Commit queued writes that no calling thread commits, until closed.
 
-        On close, what was queued before it is still committed.
+        On close, every write queued before it is still committed: the last
+        pass waits for a calling thread that leads, then takes what it left.
         """
         while True:
             with self._wake:
                 while not self._writes and not self._stopping:
                     self._wake.wait()
-                if not self._writes:
-                    return
+                stopping = self._stopping
             with self._leader:
                 while self._commit_queued():
                     pass
+            if stopping:
+                return
 
     def _commit_queued(self) -> bool:
         """Commit the writes waiting in the queue (up to a batch) in one transaction.
