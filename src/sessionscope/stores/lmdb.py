@@ -430,9 +430,12 @@ class LmdbStore:
             finally:
                 self._leader.release()
             if not self._writes:
+                # Nothing is left for the writer thread. A write queued after
+                # this check comes from a thread that could not lead, and that
+                # thread wakes the writer itself.
                 return Completion.waiting(pending)
-        # A write queued after the check above was queued by a thread that
-        # could not lead: that thread wakes the writer itself.
+        # What is left (an event loop's write, one queued while another thread
+        # led, or what this leader left behind) is the writer thread's.
         with self._wake:
             self._wake.notify()
         return Completion.waiting(pending)
