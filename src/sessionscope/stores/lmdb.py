@@ -36,7 +36,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from hashlib import blake2b
 from itertools import islice
@@ -107,13 +107,13 @@ def _sortable_time(timestamp: float) -> bytes:
     return _U64.pack(bits)
 
 
-def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Items) -> None:
-    """Add the entries of state items under ``owner`` to a list of puts."""
+def _item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
+    """Yield the entries of state items stored under ``owner``."""
     for key, value in items:
         part = _part(key)
         if part[:2] == _DIGEST_MARK:
             value = pack([key, value])
-        puts.append((owner + part, value))
+        yield owner + part, value
 
 
 def _event_entries(
@@ -558,9 +558,7 @@ class LmdbStore:
         txn.put(key, pack(record.to_list()), db=self._sessions)
 
     def _put_items(self, txn: Any, handle: Any, owner: bytes, items: Items) -> None:
-        puts: list[tuple[bytes, bytes]] = []
-        _add_items(puts, owner, items)
-        for key, value in puts:
+        for key, value in _item_entries(owner, items):
             txn.put(key, value, db=handle)
 
     def _read_map(self, txn: Any, handle: Any, owner: bytes) -> dict[str, Any]:
@@ -799,11 +797,11 @@ class LmdbStore:
                 assert record is not None
                 if request.app_items or request.user_items:
                     app = _part(request.app_name)
-                    _add_items(shared_puts, _APP + app, request.app_items)
+                    shared_puts.extend(_item_entries(_APP + app, request.app_items))
                     owner = _USER + app + _part(request.user_id)
-                    _add_items(shared_puts, owner, request.user_items)
+                    shared_puts.extend(_item_entries(owner, request.user_items))
                 if request.session_items:
-                    _add_items(data_puts, number + _STATE, request.session_items)
+                    data_puts.extend(_item_entries(number + _STATE, request.session_items))
                 data_puts.extend(_event_entries(number, id_key, record, request))
                 batch_events[id_key] = request.event
                 record.advance(request.event_id, request.timestamp)
