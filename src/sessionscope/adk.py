@@ -136,10 +136,11 @@ class _AdkService(AsyncSessions[Session, Event], BaseSessionService):
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
         """List sessions with their merged state and no events, least recently active first."""
-        records = self._core.list_records(app_name, user_id)
+        aio = self.store.aio
+        records = await aio.list_sessions(*self._core.check_owner(app_name, user_id))
         sessions = []
         for record in records:
-            loaded = self.store.load_session(
+            loaded = await aio.load_session(
                 record.app_name, record.user_id, record.session_id, 0, None
             )
             if loaded is not None:  # deleted meanwhile

@@ -387,44 +387,36 @@ class ServiceCore(Generic[S, E]):
 
     # -- read ------------------------------------------------------------
 
+    def check_get(
+        self, app_name: object, user_id: object, session_id: object, config: Any
+    ) -> tuple[str, str, str, int | None, float | None]:
+        """Return a read's checked (app, user, session, num_recent_events, after_timestamp)."""
+        return (*self.check_key(app_name, user_id, session_id), *read_filters(config))
+
+    def finish_get(self, loaded: LoadedSession | None) -> S | None:
+        """Return the caller's session object for a read; None when it does not exist."""
+        return None if loaded is None else self.finish_load(loaded)
+
     def get_session(
         self, app_name: object, user_id: object, session_id: object, config: Any
     ) -> S | None:
         """Read a session; None when it does not exist."""
-        app, user, sid = self.check_key(app_name, user_id, session_id)
-        count, after = read_filters(config)
-        loaded = self.store.load_session(app, user, sid, count, after)
-        return None if loaded is None else self.finish_load(loaded)
+        loaded = self.store.load_session(*self.check_get(app_name, user_id, session_id, config))
+        return self.finish_get(loaded)
 
-    def _records(self, app_name: object, user_id: object) -> list[SessionRecord]:
-        """Return the records of an app's (or user's) sessions, in no order."""
+    @staticmethod
+    def check_owner(app_name: object, user_id: object) -> tuple[str, str | None]:
+        """Return a listing's checked (app, user or None)."""
         app = check_id(app_name, "app_name")
-        user = None if user_id is None else check_id(user_id, "user_id")
-        return self.store.list_sessions(app, user)
-
-    def list_records(self, app_name: object, user_id: object) -> list[SessionRecord]:
-        """Return the records of an app's (or user's) sessions, oldest activity first."""
-        return sorted(self._records(app_name, user_id), key=_list_order)
+        return app, None if user_id is None else check_id(user_id, "user_id")
 
     def list_page(
         self, app_name: object, user_id: object, limit: int | None, cursor: str | None
     ) -> ListSessionsResponse:
         """Return one page of session metadata, in listing order."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise ValueError(f"limit must be an int or None, not {limit!r}")
-        if limit is not None and limit <= 0:
-            raise ValueError(f"limit must be positive, not {limit}")
-        records = self._records(app_name, user_id)
-        if cursor is not None:
-            after = _decode_cursor(cursor)
-            records = [r for r in records if _list_order(r) > after]
-        if limit is None or len(records) <= limit:
-            page, more = sorted(records, key=_list_order), False
-        else:
-            page, more = heapq.nsmallest(limit, records, key=_list_order), True
-        metas = [_meta(record) for record in page]
-        next_cursor = _encode_cursor(_list_order(page[-1])) if more else None
-        return ListSessionsResponse(metas, next_cursor)
+        owner = self.check_owner(app_name, user_id)
+        check_page(limit, cursor)
+        return page_of(self.store.list_sessions(*owner), limit, cursor)
 
     def check_key(
         self, app_name: object, user_id: object, session_id: object
@@ -538,6 +530,32 @@ def _list_order(record: SessionRecord) -> tuple[float, str, str]:
     return record.last_update_time, record.user_id, record.session_id
 
 
+def check_page(limit: object, cursor: object) -> None:
+    """Refuse a page size or cursor a listing cannot take, before the store is read."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise ValueError(f"limit must be an int or None, not {limit!r}")
+    if limit is not None and limit <= 0:
+        raise ValueError(f"limit must be positive, not {limit}")
+    if cursor is not None:
+        _decode_cursor(cursor)
+
+
+def page_of(
+    records: list[SessionRecord], limit: int | None, cursor: str | None
+) -> ListSessionsResponse:
+    """Return the page of session metadata after ``cursor``, in listing order."""
+    if cursor is not None:
+        after = _decode_cursor(cursor)
+        records = [r for r in records if _list_order(r) > after]
+    if limit is None or len(records) <= limit:
+        page, more = sorted(records, key=_list_order), False
+    else:
+        page, more = heapq.nsmallest(limit, records, key=_list_order), True
+    metas = [_meta(record) for record in page]
+    next_cursor = _encode_cursor(_list_order(page[-1])) if more else None
+    return ListSessionsResponse(metas, next_cursor)
+
+
 def _encode_cursor(position: tuple[float, str, str]) -> str:
     return base64.urlsafe_b64encode(codec.pack(list(position))).decode("ascii")
 
@@ -599,7 +617,7 @@ class AsyncSessions(Generic[S, E]):
         """Create a session; its initial state is routed by prefix."""
         p = self._core.prepare_create(app_name, user_id, state, session_id)
         try:
-            loaded = await self.store.create_session(
+            loaded = await self.store.aio.create_session(
                 p.app_name, p.user_id, p.session_id, p.create_time,
                 p.app_items, p.user_items, p.session_items,
             )  # fmt: skip
@@ -616,11 +634,16 @@ class AsyncSessions(Generic[S, E]):
         config: Any = None,
     ) -> S | None:
         """Read a session with the events ``config`` selects; None if missing."""
-        return self._core.get_session(app_name, user_id, session_id, config)
+        core = self._core
+        loaded = await self.store.aio.load_session(
+            *core.check_get(app_name, user_id, session_id, config)
+        )
+        return core.finish_get(loaded)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete a session, its state and its events; a missing one is a no-op."""
-        await self.store.delete_session(*self._core.check_key(app_name, user_id, session_id))
+        key = self._core.check_key(app_name, user_id, session_id)
+        await self.store.aio.delete_session(*key)
 
     async def append_event(self, session: S, event: E) -> E:
         """Append an event to a session read before; stale copies are refused."""
@@ -634,7 +657,7 @@ class AsyncSessions(Generic[S, E]):
         prepared = self._core.prepare_append(session, event, locked)
         if prepared is None:
             return event
-        completion = self.store.append(prepared.request)
+        completion = self.store.aio.append(prepared.request)
         try:
             result = await completion
         except asyncio.CancelledError:
@@ -656,19 +679,21 @@ class AsyncSessions(Generic[S, E]):
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix; {} when none."""
-        return self._core.read_user_state(app_name, user_id)
+        return await self.store.aio.read_user_state(
+            check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        )
 
     async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
-        return self._core.read_app_state(app_name)
+        return await self.store.aio.read_app_state(check_id(app_name, "app_name"))
 
     async def flush(self) -> None:
         """Return once every acknowledged append is durable."""
-        await self.store.flush()
+        await self.store.aio.flush()
 
     async def close(self) -> None:
         """Flush and release the store."""
-        self.store.close()
+        await self.store.aio.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -701,7 +726,9 @@ class SessionService(AsyncSessions[Session, Event]):
         cursor: str | None = None,
     ) -> ListSessionsResponse:
         """List session metadata, least recently active first; pages with limit."""
-        return self._core.list_page(app_name, user_id, limit, cursor)
+        owner = self._core.check_owner(app_name, user_id)
+        check_page(limit, cursor)
+        return page_of(await self.store.aio.list_sessions(*owner), limit, cursor)
 
 
 class SyncSessionService:

@@ -17,7 +17,7 @@ import _thread
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -27,8 +27,10 @@ from ..errors import DuplicateEventError, SessionNotFoundError, StaleSessionErro
 __all__ = [
     "AppendRequest",
     "AppendResult",
+    "AsyncStore",
     "BatchOutcome",
     "Completion",
+    "InlineAsyncStore",
     "LoadedSession",
     "Pending",
     "SessionRecord",
@@ -353,7 +355,12 @@ def catch_up(
 
 
 class Store(Protocol):
-    """The storage a ``SessionService`` runs on."""
+    """The storage a ``SyncSessionService`` runs on; ``aio`` is its async face."""
+
+    @property
+    def aio(self) -> AsyncStore:
+        """Return the async face of this store, the one ``SessionService`` awaits."""
+        ...
 
     def create_session(
         self,
@@ -418,3 +425,146 @@ class Store(Protocol):
     def close(self) -> None:
         """Flush and release the store; later calls raise StoreClosedError."""
         ...
+
+
+class AsyncStore(Protocol):
+    """The async face of a store: what the async services await.
+
+    A store that answers inline (memory, LMDB) gets it from ``InlineAsyncStore``;
+    a networked store (Redis) implements it over an async client, so that no
+    call blocks the event loop on the network.
+
+    A write returns an awaitable that may be awaited again after the task
+    awaiting it was cancelled: the write goes on regardless, and the service
+    waits for its outcome so that the live session matches the store.
+    """
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Awaitable[LoadedSession]:
+        """Store a new session; see ``Store.create_session``."""
+        ...
+
+    async def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session; see ``Store.load_session``."""
+        ...
+
+    async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return session records; see ``Store.list_sessions``."""
+        ...
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Awaitable[None]:
+        """Remove a session; see ``Store.delete_session``."""
+        ...
+
+    def append(self, request: AppendRequest) -> Awaitable[AppendResult]:
+        """Append one event; see ``Store.append``."""
+        ...
+
+    def append_many(self, requests: list[AppendRequest]) -> Awaitable[BatchOutcome]:
+        """Append a batch; see ``Store.append_many``."""
+        ...
+
+    async def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map; see ``Store.read_app_state``."""
+        ...
+
+    async def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map; see ``Store.read_user_state``."""
+        ...
+
+    def flush(self) -> Awaitable[None]:
+        """Make every acknowledged write durable."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release the store."""
+        ...
+
+
+class InlineAsyncStore:
+    """The async face of a store whose calls answer inline (memory, LMDB).
+
+    Reads return at once; writes hand back the store's ``Completion``, which
+    suspends the event loop only while a background thread commits it, and
+    may be awaited again after a cancellation. Nothing is wrapped in a task.
+    """
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Completion[LoadedSession]:
+        """Store a new session; see ``Store.create_session``."""
+        return self._store.create_session(
+            app_name, user_id, session_id, create_time, app_items, user_items, session_items
+        )
+
+    async def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session; see ``Store.load_session``."""
+        return self._store.load_session(
+            app_name, user_id, session_id, num_recent_events, after_timestamp
+        )
+
+    async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return session records; see ``Store.list_sessions``."""
+        return self._store.list_sessions(app_name, user_id)
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
+        """Remove a session; see ``Store.delete_session``."""
+        return self._store.delete_session(app_name, user_id, session_id)
+
+    def append(self, request: AppendRequest) -> Completion[AppendResult]:
+        """Append one event; see ``Store.append``."""
+        return self._store.append(request)
+
+    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+        """Append a batch; see ``Store.append_many``."""
+        return self._store.append_many(requests)
+
+    async def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map; see ``Store.read_app_state``."""
+        return self._store.read_app_state(app_name)
+
+    async def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map; see ``Store.read_user_state``."""
+        return self._store.read_user_state(app_name, user_id)
+
+    def flush(self) -> Completion[None]:
+        """Make every acknowledged write durable."""
+        return self._store.flush()
+
+    async def close(self) -> None:
+        """Flush and release the store."""
+        self._store.close()

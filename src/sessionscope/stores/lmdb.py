@@ -52,6 +52,7 @@ from .base import (
     AppendResult,
     BatchOutcome,
     Completion,
+    InlineAsyncStore,
     Items,
     LoadedSession,
     Pending,
@@ -201,6 +202,7 @@ class LmdbStore:
         if not flush_interval > 0:
             raise ValueError(f"flush_interval must be positive, not {flush_interval!r}")
         self.path = Path(path)
+        self.aio = InlineAsyncStore(self)
         self.durability: Durability = durability
         self.flush_interval = flush_interval
         self._closed = False

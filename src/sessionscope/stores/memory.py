@@ -18,6 +18,7 @@ from .base import (
     AppendResult,
     BatchOutcome,
     Completion,
+    InlineAsyncStore,
     Items,
     LoadedSession,
     SessionRecord,
@@ -48,6 +49,7 @@ class MemoryStore:
         self._user_state: dict[tuple[str, str], dict[str, bytes]] = {}
         self._numbers = 0
         self._closed = False
+        self.aio = InlineAsyncStore(self)
 
     def __repr__(self) -> str:
         return "MemoryStore()"
