@@ -510,7 +510,8 @@ class ServiceCore(Generic[S, E]):
         self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
     ) -> E:
         """Bring the live session up to date with what the store took."""
-        if result.duplicate or result.marker is None:
+        marker = result.marker
+        if result.duplicate or marker is None:
             return event
         if result.stored_state is not None:
             # Finishes of locked appends to one live session may come from
@@ -525,7 +526,7 @@ class ServiceCore(Generic[S, E]):
         if prepared.temp:
             apply_delta(state, prepared.temp)
         events.append(event)
-        self.model.update_session(session, result.last_update_time, result.marker)
+        self.model.update_session(session, result.last_update_time, marker)
         return event
 
     def _merge_locked(
@@ -573,6 +574,7 @@ class ServiceCore(Generic[S, E]):
             if result.replace_events:
                 events.clear()
         events.extend(new)
+        assert result.marker is not None
         model.update_session(session, result.last_update_time, result.marker)
 
 
