@@ -131,7 +131,7 @@ def test_a_lock_file_removed_while_open_stops_writes(tmp_path: Path, how: str) -
         (path / "lock.mdb").unlink()
         if how == "replaced":
             (path / "lock.mdb").write_bytes(b"\0" * 8192)
-        with pytest.raises(UnsafeStoreError, match="lock.mdb"):
+        with pytest.raises(UnsafeStoreError, match=r"lock\.mdb"):
             svc.append_event(session, ev(delta={"a": 2}))
         with pytest.raises(UnsafeStoreError):
             svc.create_session(app_name=APP, user_id=USER)
