@@ -1348,11 +1348,21 @@ def _check_meta(data: Path) -> None:
 
     Cheap (two small reads), so it runs at every open: LMDB maps the file
     and trusts these numbers, and a page past the end of the file is a
-    SIGBUS, not an error.
+    SIGBUS, not an error. Another process may commit while the pages are
+    read: a refusal stands only when three reads agree.
     """
+    for attempt in range(3):
+        try:
+            _read_meta(data)
+            return
+        except CorruptStoreError:
+            if attempt == 2:
+                raise
+
+
+def _read_meta(data: Path) -> None:
     try:
         with open(data, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
             first = file.read(_PAGE_HEADER + _META.size)
             if len(first) < _PAGE_HEADER + _META.size:
                 raise CorruptStoreError(f"{data} is too short to hold its meta pages")
@@ -1361,12 +1371,13 @@ def _check_meta(data: Path) -> None:
                 raise CorruptStoreError(f"{data} records an impossible page size {page_size}")
             file.seek(page_size)
             second = file.read(_PAGE_HEADER + _META.size)
+            # After the meta pages: a commit writes its pages before its meta
+            # page, and the file only grows, so this size covers what they say.
+            size = os.fstat(file.fileno()).st_size
     except OSError as error:
         raise _open_failure(data.parent, error) from error
     if len(second) < _PAGE_HEADER + _META.size:
-        raise CorruptStoreError(
-            f"{data} is {size} bytes, too short to hold its second meta page",
-        )
+        raise CorruptStoreError(f"{data} is {size} bytes, too short to hold its second meta page")
     metas = []
     for page in (first, second):
         magic, _, _, _, free_db, main_db, last_page, txn_id = _META.unpack_from(page, _PAGE_HEADER)
