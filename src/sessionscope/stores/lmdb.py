@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lmdb
-import lmdb.verify as lmdb_verify
 
 from ..codec import pack, unpack
 from ..errors import (
@@ -252,8 +251,11 @@ class LmdbStore:
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
-        self._check_files(trust_directory)
-        self._probe(self.path, verify)
+        try:
+            self._check_files(trust_directory)
+            self._probe(self.path, verify)
+        except OSError as error:  # a directory that cannot be listed or read
+            raise _open_failure(self.path, error) from error
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
             try:
@@ -544,9 +546,18 @@ class LmdbStore:
             self._gate.__enter__()
 
     def _adopt_if_open(self) -> None:
-        if not self._released:
+        if self._released:
+            return
+        try:
             self._env.set_mapsize(0)
-            self._map_size = self._env.info()["map_size"]
+        except (lmdb.Error, OverflowError) as error:
+            # LMDB dropped the map: map the file again, if the OS allows it.
+            self._reopen(self._map_size)
+            raise StoreError(
+                f"adopting the map another process grew for {self.path} failed: {error}",
+                hint="the OS refused the address space (ulimit -v, overcommit settings)",
+            ) from error
+        self._map_size = self._env.info()["map_size"]
 
     def _grow(self, seen: int) -> None:
         """Double the map after a transaction that saw ``seen`` bytes of it ran out.
@@ -584,8 +595,11 @@ class LmdbStore:
                 self._dbs = {
                     name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
                 }
-        except BaseException:
+        except BaseException as error:
+            # The store cannot be used again; say so to every later call.
             self._released = self._closed = True
+            if isinstance(error, lmdb.Error):
+                raise _lmdb_failure(f"mapping {self.path} again", error) from error
             raise
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
@@ -757,7 +771,13 @@ class LmdbStore:
         data = txn.get(_part(app_name) + _part(user_id) + _part(session_id), db=self._sessions)
         if data is None:
             return None
-        record = SessionRecord.from_list(unpack(data))
+        try:
+            record = SessionRecord.from_list(unpack(data))
+        except Exception as error:
+            raise CorruptStoreError(
+                f"the record of session {session_id!r} of user {user_id!r} in app "
+                f"{app_name!r} is unreadable"
+            ) from error
         if (record.app_name, record.user_id, record.session_id) != (app_name, user_id, session_id):
             raise StoreError("two session ids share a digest", hint="report this as a bug")
         return record
@@ -1403,6 +1423,9 @@ def _read_meta(data: Path) -> None:
 
 def _verify_file(data: Path) -> None:
     """Check every page of a data file without handing it to LMDB; raise CorruptStoreError."""
+    # Imported here: only a check needs it.
+    import lmdb.verify as lmdb_verify
+
     try:
         problems: list[str] = lmdb_verify.verify(str(data), subdir=False)  # type: ignore[no-untyped-call]
     except lmdb_verify.VerifyError as error:
