@@ -439,16 +439,16 @@ class LmdbStore:
         # is only trusted when a second and third read agree.
         for attempt in range(3):
             try:
-                LmdbStore._read_format(path, lock=False)
+                LmdbStore._read_format(path)
                 return
             except (IncompatibleStoreError, lmdb.Error):
                 if attempt == 2:
                     raise
 
     @staticmethod
-    def _read_format(path: Path, lock: bool) -> None:
+    def _read_format(path: Path) -> None:
         try:
-            env = _open_adopting(str(path), readonly=True, lock=lock, max_dbs=len(_DB_NAMES) + 2)
+            env = _open_adopting(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
         except lmdb.InvalidError as error:
             raise IncompatibleStoreError(
                 f"{path} does not hold an LMDB store", hint="pick an empty directory"
@@ -456,9 +456,6 @@ class LmdbStore:
         except (lmdb.Error, OSError) as error:
             raise _open_failure(path, error) from error
         try:
-            if lock:
-                with contextlib.suppress(lmdb.Error):
-                    env.reader_check()
             txn = _begin_adopting(env)
             try:
                 names = [key for key, _ in txn.cursor()]
