@@ -799,10 +799,10 @@ class InlineAsyncStore:
 # event with its id, timestamp and record.
 
 # How long one retention batch may work inside a write transaction.
-BATCH_SECONDS = 0.02
+BATCH_SECONDS = 0.01
 # How many sessions (or events) one retention batch removes at most.
 BATCH_SESSIONS = 256
-BATCH_EVENTS = 2048
+BATCH_EVENTS = 500
 
 
 @dataclass(frozen=True, slots=True)

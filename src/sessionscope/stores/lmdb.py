@@ -1149,6 +1149,8 @@ class LmdbStore:
             if not doomed:
                 return 0, True
             data = self._data
+            removed = 0
+            # Deleting costs more than finding: the time bound applies here too.
             for seq, _ in doomed:
                 value = txn.get(number + _EVENT + seq, db=data)
                 timestamp = _F64.unpack_from(value)[0]
@@ -1156,9 +1158,12 @@ class LmdbStore:
                 txn.delete(number + _EVENT + seq, db=data)
                 txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
                 txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
-            record.removed_count += len(doomed)
+                removed += 1
+                if time.monotonic() - started > BATCH_SECONDS:
+                    break
+            record.removed_count += removed
             self._put_record(txn, record)
-            return len(doomed), False
+            return removed, False
 
         total = 0
         try:
@@ -1237,19 +1242,18 @@ class LmdbStore:
         def batch(txn: Any) -> bool:
             started = time.monotonic()
             queue = txn.cursor(db=meta)
-            if not queue.set_range(_PURGE) or not queue.key().startswith(_PURGE):
-                return True
-            number = queue.key()[len(_PURGE) :]
             cursor = txn.cursor(db=self._data)
             deleted = 0
-            if cursor.set_range(number):
-                while cursor.key().startswith(number):
-                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
-                        return False
-                    cursor.delete()
-                    deleted += 1
-            txn.delete(_PURGE + number, db=meta)
-            return False
+            while queue.set_range(_PURGE) and queue.key().startswith(_PURGE):
+                number = queue.key()[len(_PURGE) :]
+                if cursor.set_range(number):
+                    while cursor.key().startswith(number):
+                        if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                            return False
+                        cursor.delete()
+                        deleted += 1
+                txn.delete(_PURGE + number, db=meta)
+            return True
 
         while not self._write(batch).result():
             pass
