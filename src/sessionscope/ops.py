@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .codec import decode_event, pack
@@ -48,12 +48,6 @@ class MissingStoreError(SessionscopeError, ValueError):
     """A command that reads a store was given a path that holds none."""
 
 
-class _Listing(Protocol):
-    def list_apps(self) -> list[str]: ...
-
-    def list_users(self, app_name: str) -> list[str]: ...
-
-
 def lmdb_path(uri: str) -> Path | None:
     """Return the directory an ``lmdb://`` URI names, None for any other scheme."""
     parts = urlsplit(uri)
@@ -71,25 +65,14 @@ def open_existing(uri: str) -> Store:
     return open_store(uri)
 
 
-def _listing(store: Store) -> _Listing:
-    if not (hasattr(store, "list_apps") and hasattr(store, "list_users")):
-        raise StoreError(f"{store!r} cannot list its apps and users", hint="use an LMDB store")
-    return store  # type: ignore[return-value]
-
-
 def list_apps(store: Store) -> list[str]:
     """Return the store's app names, sorted."""
-    return _listing(store).list_apps()
+    return store.list_apps()
 
 
 def list_users(store: Store, app_name: str) -> list[str]:
     """Return an app's user ids, sorted."""
-    return _listing(store).list_users(app_name)
-
-
-def _stored_count(record: SessionRecord) -> int:
-    # A store that truncates counts removed events apart from appended ones.
-    return int(getattr(record, "stored_count", record.event_count))
+    return store.list_users(app_name)
 
 
 def session_page(
@@ -116,7 +99,7 @@ def session_page(
                 "app": app_name,
                 "user": meta.user_id,
                 "session": meta.id,
-                "events": _stored_count(record),
+                "events": record.stored_count,
                 "bytes": size,
                 "created": meta.create_time,
                 "last_update": meta.last_update_time,
@@ -321,9 +304,9 @@ def _check_session(store: Store, record: SessionRecord, report: CheckReport) -> 
         return  # deleted since the listing
     report.sessions += 1
     report.events += len(loaded.events)
-    if len(loaded.events) != _stored_count(loaded.record):
+    if len(loaded.events) != loaded.record.stored_count:
         report.problems.append(
-            f"{label}: counts {_stored_count(loaded.record)} events, reads {len(loaded.events)}"
+            f"{label}: counts {loaded.record.stored_count} events, reads {len(loaded.events)}"
         )
     ids: set[str] = set()
     for position, data in enumerate(loaded.events):

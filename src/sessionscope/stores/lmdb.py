@@ -33,15 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import struct
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from hashlib import blake2b
 from itertools import islice
 from pathlib import Path
@@ -50,19 +52,35 @@ from typing import Any, Literal, TypeVar
 import lmdb
 
 from ..codec import decode_event, pack, unpack
-from ..errors import AlreadyExistsError, IncompatibleStoreError, StoreClosedError, StoreError
+from ..errors import (
+    AlreadyExistsError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreClosedError,
+    StoreError,
+)
 from .base import (
+    BATCH_EVENTS,
+    BATCH_SECONDS,
+    BATCH_SESSIONS,
     AppendRequest,
     AppendResult,
     BatchOutcome,
     Completion,
+    EventCopy,
+    Expirer,
     InlineAsyncStore,
     Items,
     LoadedSession,
     Pending,
+    SessionCopy,
     SessionRecord,
     catch_up,
     check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
     events_seen,
     finish_all,
 )
@@ -80,6 +98,8 @@ _APP, _USER = b"a", b"u"
 _EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
 _FORMAT_KEY = b"format"
 _NUMBER_KEY = b"next_number"
+# Numbers of removed sessions whose state and events are still to delete.
+_PURGE = b"purge"
 _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 # The magic number at the start of every LMDB meta page (after the page header).
@@ -198,7 +218,9 @@ class LmdbStore:
         flush_interval: float = 1.0,
         file_mode: int = 0o600,
         max_readers: int = 256,
+        session_ttl: float | None = None,
     ) -> None:
+        ttl = check_ttl(session_ttl)
         if durability not in ("sync", "deferred"):
             raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
         if not isinstance(map_size, int) or map_size <= 0:
@@ -282,6 +304,11 @@ class LmdbStore:
                 target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
             )
             self._syncer.start()
+        # Expires idle sessions at open and then periodically, with session_ttl.
+        self.session_ttl = ttl
+        self._expirer = Expirer(self, ttl) if ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
 
     def __repr__(self) -> str:
         return f"LmdbStore({str(self.path)!r}, durability={self.durability!r})"
@@ -588,9 +615,30 @@ class LmdbStore:
         if start >= stop:
             return []
         cursor = txn.cursor(db=self._data)
-        if not cursor.set_key(number + _EVENT + _U64.pack(start)):
-            raise StoreError(f"event {start} of a session is missing", hint="the store is damaged")
-        return [value[8:] for value in islice(cursor.iternext(keys=False), stop - start)]
+        # Bounded by key, not by count: a truncation leaves gaps in positions.
+        if not cursor.set_range(number + _EVENT + _U64.pack(start)):
+            return []
+        end = number + _EVENT + _U64.pack(stop)
+        events: list[bytes] = []
+        for key, value in cursor.iternext():
+            if key >= end:
+                break
+            events.append(value[8:])
+        return events
+
+    def _last_events(self, txn: Any, number: bytes, n: int) -> list[bytes]:
+        """Return the last ``n`` stored values (timestamp + record) of a session, in order."""
+        cursor = txn.cursor(db=self._data)
+        prefix = number + _EVENT
+        # The first key after the session's events, then back.
+        after = _after(prefix) or prefix
+        positioned = cursor.prev() if cursor.set_range(after) else cursor.last()
+        values: list[bytes] = []
+        while positioned and len(values) < n and cursor.key().startswith(prefix):
+            values.append(cursor.value())
+            positioned = cursor.prev()
+        values.reverse()
+        return values
 
     def _events_after(
         self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
@@ -663,7 +711,12 @@ class LmdbStore:
                 return None
             number = _U64.pack(record.number)
             count = record.event_count
-            if after_timestamp is not None:
+            if record.removed_count and num_recent_events is not None:
+                # Positions have gaps after a truncation: count back from the end.
+                recent = self._last_events(txn, number, num_recent_events)
+                low = -math.inf if after_timestamp is None else after_timestamp
+                events = [v[8:] for v in recent if _F64.unpack_from(v)[0] >= low]
+            elif after_timestamp is not None:
                 events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
             elif num_recent_events is not None:
                 events = self._events(txn, number, max(0, count - num_recent_events), count)
@@ -839,6 +892,305 @@ class LmdbStore:
         owner = _USER + _part(app_name) + _part(user_id)
         return self._read(lambda txn: self._read_map(txn, self._shared, owner))
 
+    # -- retention and copies --------------------------------------------
+    #
+    # Removing a session deletes its record and queues its number in meta
+    # (b"purge" number); its state and events, all under that number, are
+    # then deleted in later bounded batches. A session whose record is gone
+    # is gone for every reader at once, and a purge cut short by a crash is
+    # finished by the next retention call of any process.
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``.
+
+        Oldest positions (or earliest times) go first, in bounded batches;
+        each batch moves the session's marker.
+        """
+
+        def batch(txn: Any) -> tuple[int, bool]:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            number = _U64.pack(record.number)
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._data)
+            doomed: list[tuple[bytes, float]] = []  # (seq, timestamp)
+            if keep_last is not None:
+                wanted = min(record.stored_count - keep_last, BATCH_EVENTS)
+                prefix = number + _EVENT
+                if wanted > 0 and cursor.set_range(prefix):
+                    for key, value in cursor.iternext():
+                        if not key.startswith(prefix) or len(doomed) >= wanted:
+                            break
+                        doomed.append((key[9:], _F64.unpack_from(value)[0]))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            else:
+                prefix = number + _EVENT_TIME
+                end = prefix + _sortable_time(before)  # type: ignore[arg-type]
+                if cursor.set_range(prefix):
+                    for key in cursor.iternext(values=False):
+                        if key >= end or len(doomed) >= BATCH_EVENTS:
+                            break
+                        doomed.append((key[17:25], 0.0))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            if not doomed:
+                return 0, True
+            data = self._data
+            for seq, _ in doomed:
+                value = txn.get(number + _EVENT + seq, db=data)
+                timestamp = _F64.unpack_from(value)[0]
+                event_id = event_copy(value[8:], timestamp).event_id
+                txn.delete(number + _EVENT + seq, db=data)
+                txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
+                txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
+            record.removed_count += len(doomed)
+            self._put_record(txn, record)
+            return len(doomed), False
+
+        total = 0
+        try:
+            while True:
+                removed, finished = self._write(batch).result()
+                total += removed
+                if finished:
+                    return Completion.done(total)
+        except SessionNotFoundError as error:
+            # Deleted between two batches: what was removed stays removed.
+            return Completion.done(total) if total else Completion.failed(error)
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``, in batches."""
+        prefix = b"" if app_name is None else _part(app_name)
+        return Completion.done(self._remove_sessions(prefix, idle_before))
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user, then the user's state map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app + _part(user_id), None)
+        self._remove_range(self._shared, _USER + app + _part(user_id))
+        return Completion.done(removed)
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session of an app, then its user maps and its app map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app, None)
+        self._remove_range(self._shared, _USER + app)
+        self._remove_range(self._shared, _APP + app)
+        return Completion.done(removed)
+
+    def _remove_sessions(self, prefix: bytes, idle_before: float | None) -> int:
+        """Remove the sessions under a key prefix (idle ones only, with a cutoff).
+
+        Each batch re-reads every record it removes inside its own
+        transaction: a session appended to after the scan began is judged on
+        its new time. Return how many went.
+        """
+
+        def batch(txn: Any, *, resume: bytes) -> tuple[int, bytes | None]:
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._sessions)
+            meta = self._dbs[b"meta"]
+            removed = 0
+            positioned = cursor.set_range(resume)
+            while positioned:
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                if removed >= BATCH_SESSIONS or time.monotonic() - started > BATCH_SECONDS:
+                    return removed, key
+                fields = unpack(cursor.value())
+                if idle_before is None or fields[5] < idle_before:
+                    txn.put(_PURGE + _U64.pack(fields[3]), b"", db=meta)
+                    # delete() moves to the next entry; past the last, key() is empty.
+                    positioned = cursor.delete() and bool(cursor.key())
+                    removed += 1
+                else:
+                    positioned = cursor.next()
+            return removed, None
+
+        total = 0
+        resume: bytes | None = prefix
+        while resume is not None and not self._stopping_expiry():
+            removed, resume = self._write(partial(batch, resume=resume)).result()
+            total += removed
+            self._purge()
+        self._purge()
+        return total
+
+    def _purge(self) -> None:
+        """Delete the state and events of removed sessions, in bounded batches."""
+        meta = self._dbs[b"meta"]
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            queue = txn.cursor(db=meta)
+            if not queue.set_range(_PURGE) or not queue.key().startswith(_PURGE):
+                return True
+            number = queue.key()[len(_PURGE) :]
+            cursor = txn.cursor(db=self._data)
+            deleted = 0
+            if cursor.set_range(number):
+                while cursor.key().startswith(number):
+                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                        return False
+                    cursor.delete()
+                    deleted += 1
+            txn.delete(_PURGE + number, db=meta)
+            return False
+
+        while not self._write(batch).result():
+            pass
+
+    def _remove_range(self, handle: Any, prefix: bytes) -> None:
+        """Delete every entry under a key prefix, in bounded batches."""
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            cursor = txn.cursor(db=handle)
+            deleted = 0
+            if cursor.set_range(prefix):
+                while cursor.key().startswith(prefix):
+                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                        return False
+                    cursor.delete()
+                    deleted += 1
+            return True
+
+        while not self._write(batch).result():
+            pass
+
+    def _stopping_expiry(self) -> bool:
+        return self._expirer is not None and self._expirer.stopping
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted.
+
+        An app whose id is over 150 bytes is keyed by a digest: it is listed
+        through its sessions, not through its state alone.
+        """
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.app_name for record in self._first_records(txn, b"", 1)}
+            for tag in (_APP, _USER):
+                names.update(_raw_names(txn.cursor(db=self._shared), tag, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted.
+
+        A user whose id is over 150 bytes is listed through its sessions only.
+        """
+        app = _part(app_name)
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.user_id for record in self._first_records(txn, app, 2)}
+            names.update(_raw_names(txn.cursor(db=self._shared), _USER + app, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def _first_records(self, txn: Any, prefix: bytes, depth: int) -> Iterator[SessionRecord]:
+        """Yield one session record per distinct id ``depth`` parts deep under ``prefix``."""
+        cursor = txn.cursor(db=self._sessions)
+        positioned = cursor.set_range(prefix)
+        while positioned and cursor.key().startswith(prefix):
+            key = cursor.key()
+            yield SessionRecord.from_list(unpack(cursor.value()))
+            positioned = cursor.set_range(_after(key[: _parts_length(key, depth)]))
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given, in one transaction; False when already equal."""
+        check_copy(copy)
+        entries = [
+            (
+                _U64.pack(seq),
+                _F64.pack(event.timestamp) + event.record,
+                _unique_part(event.event_id),
+                _sortable_time(event.timestamp),
+            )
+            for seq, event in enumerate(copy.events)
+        ]
+
+        def restore(txn: Any) -> bool:
+            found = self._record(txn, copy.app_name, copy.user_id, copy.session_id)
+            if found is not None:
+                if copies_equal(self._session_copy(txn, found), copy):
+                    return False
+                raise AlreadyExistsError(
+                    f"session {copy.session_id!r} already exists with other content"
+                )
+            meta = self._dbs[b"meta"]
+            (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
+            last = copy.events[-1].event_id if copy.events else None
+            record = SessionRecord(
+                copy.app_name,
+                copy.user_id,
+                copy.session_id,
+                number,
+                copy.create_time,
+                copy.last_update_time,
+                len(copy.events),
+                last,
+            )
+            self._put_record(txn, record)
+            owner = _U64.pack(number)
+            self._put_items(txn, self._data, owner + _STATE, copy.session_items)
+            puts: list[tuple[bytes, bytes]] = []
+            for seq, value, id_part, stamp in entries:
+                puts.append((owner + _EVENT + seq, value))
+                puts.append((owner + _EVENT_ID + id_part, seq))
+                puts.append((owner + _EVENT_TIME + stamp + seq, b""))
+            if puts:
+                txn.cursor(db=self._data).putmulti(puts)
+            return True
+
+        return self._write(restore)
+
+    def _session_copy(self, txn: Any, record: SessionRecord) -> SessionCopy:
+        """Return what the store holds of a session, as a copy."""
+        number = _U64.pack(record.number)
+        cursor = txn.cursor(db=self._data)
+        events: list[EventCopy] = []
+        prefix = number + _EVENT
+        if cursor.set_range(prefix):
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                events.append(event_copy(value[8:], _F64.unpack_from(value)[0]))
+        return SessionCopy(
+            record.app_name,
+            record.user_id,
+            record.session_id,
+            record.create_time,
+            record.last_update_time,
+            _item_entries_of(self._read_map(txn, self._data, number + _STATE)),
+            events,
+        )
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        owner = _APP + _part(app_name)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        owner = _USER + _part(app_name) + _part(user_id)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
     def flush(self) -> Completion[None]:
         """Make every acknowledged write durable."""
         self._check_open()
@@ -857,6 +1209,8 @@ class LmdbStore:
         """Flush, stop the background thread and release the environment."""
         if self._closed:
             return
+        if self._expirer is not None:
+            self._expirer.stop()
         if self._writer is not None:
             # Closed first, so that nothing is queued after the writer's last pass...
             with self._admit:
@@ -935,6 +1289,14 @@ class LmdbStore:
                 if record.number >= next_number:
                     problems.append(f"{label}: number {record.number} is not below the counter")
                 records[number] = record
+            # Numbers queued for purging lost their record on purpose.
+            purging: set[bytes] = set()
+            queue = txn.cursor(db=meta)
+            if queue.set_range(_PURGE):
+                for key in queue.iternext(values=False):
+                    if not key.startswith(_PURGE):
+                        break
+                    purging.add(key[len(_PURGE) :])
             total = len(records)
             done = 0
             cursor = txn.cursor(db=self._data)
@@ -944,20 +1306,21 @@ class LmdbStore:
             for key, value in cursor:
                 if key[:8] != current and group:
                     done += 1
-                    self._check_group(current, group, records.get(current), problems)
+                    if current not in purging:
+                        self._check_group(current, group, records.get(current), problems)
                     seen.add(current)
                     group = []
                     if progress is not None:
                         progress(done, total)
                 current = key[:8]
                 group.append((key, value))
-            if group:
+            if group and current not in purging:
                 self._check_group(current, group, records.get(current), problems)
                 seen.add(current)
             for number, record in records.items():
-                if number not in seen and _stored_count(record):
+                if number not in seen and record.stored_count:
                     problems.append(
-                        f"{_label(record)}: counts {_stored_count(record)} events, stores none"
+                        f"{_label(record)}: counts {record.stored_count} events, stores none"
                     )
             if progress is not None:
                 progress(total, total)
@@ -1000,7 +1363,7 @@ class LmdbStore:
                 times.add(key[9:])
             elif kind != _STATE:
                 problems.append(f"{label}: an entry of unknown kind {kind!r}")
-        counted = _stored_count(record)
+        counted = record.stored_count
         if len(events) != counted:
             problems.append(f"{label}: counts {counted} events, stores {len(events)}")
         for seq, (stamp, id_part) in events.items():
@@ -1154,16 +1517,53 @@ def _check_format(path: Path, header: bytes | None) -> None:
         )
 
 
+def _after(prefix: bytes) -> bytes | None:
+    """Return the first key past every key that starts with ``prefix`` (None: no such key)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _part_length(key: bytes, start: int) -> int:
+    """Return the length of the id part at ``start`` of a key."""
+    if key[start : start + 2] == _DIGEST_MARK:
+        return 2 + 32
+    return 2 + int.from_bytes(key[start : start + 2], "big")
+
+
+def _parts_length(key: bytes, depth: int) -> int:
+    """Return how many bytes the first ``depth`` id parts of a key take."""
+    end = 0
+    for _ in range(depth):
+        end += _part_length(key, end)
+    return end
+
+
+def _raw_names(cursor: Any, prefix: bytes, depth: int) -> Iterator[str]:
+    """Yield each distinct id found ``depth`` parts after ``prefix`` (ids kept raw only)."""
+    start = len(prefix)
+    positioned = cursor.set_range(prefix)
+    while positioned and cursor.key().startswith(prefix):
+        key = cursor.key()
+        offset = start + _parts_length(key[start:], depth - 1)
+        length = _part_length(key, offset)
+        if key[offset : offset + 2] != _DIGEST_MARK:
+            yield key[offset + 2 : offset + length].decode()
+        following = _after(key[: offset + length])
+        positioned = following is not None and cursor.set_range(following)
+
+
+def _item_entries_of(values: dict[str, Any]) -> Items:
+    """Return state items (key, packed value) of a decoded map."""
+    return [(key, pack(value)) for key, value in values.items()]
+
+
 # -- helpers of the operations section ------------------------------------------
 
 
 def _label(record: SessionRecord) -> str:
     return f"session {record.app_name}/{record.user_id}/{record.session_id}"
-
-
-def _stored_count(record: SessionRecord) -> int:
-    """Return how many events a record says are stored (truncation removes some)."""
-    return int(getattr(record, "stored_count", record.event_count))
 
 
 def _pages(stat: Any) -> int:
