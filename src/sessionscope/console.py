@@ -39,12 +39,12 @@ def render_table(
     rows: Iterable[Sequence[Any]],
     title: str | None = None,
 ) -> str:
-    """Return a table as text, laid out by rich; cells are printed with ``str``."""
+    """Return a table as text, laid out by rich, under its title; cells are printed with ``str``."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in columns:
         spec = column if isinstance(column, Column) else Column(column)
         table.add_column(spec.name, justify="right" if spec.numeric else "left")
@@ -56,7 +56,9 @@ def render_table(
         file=out, width=width, color_system=None, highlight=False, emoji=False, markup=False
     )
     console.print(table)
-    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
+    # The title on a line of its own: rich would wrap it to the table's width.
+    return f"{title}\n{text}" if title else text
 
 
 def _cell(value: Any) -> Any:
