@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "DumpError",
     "DuplicateEventError",
     "IncompatibleStoreError",
     "ReadonlyStateError",
@@ -66,3 +67,7 @@ class IncompatibleStoreError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store was used after close()."""
+
+
+class DumpError(SessionscopeError, ValueError):
+    """A dump is truncated, altered, of a newer format, or conflicts with the store."""
