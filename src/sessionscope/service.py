@@ -14,6 +14,7 @@ import asyncio
 import base64
 import heapq
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,13 @@ from .model import (
     new_session_id,
 )
 from .stores import Store, open_store
-from .stores.base import AppendRequest, AppendResult, LoadedSession, SessionRecord
+from .stores.base import (
+    AppendRequest,
+    AppendResult,
+    LoadedSession,
+    SessionRecord,
+    marker_position,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,6 +63,8 @@ __all__ = [
 S = TypeVar("S")
 E = TypeVar("E")
 MAX_ID_BYTES = 4096
+# Makes each merge of a locked append into its live session one step.
+_live_merge = threading.Lock()
 # A str of this many characters is at most MAX_ID_BYTES of UTF-8.
 _SHORT_ID = MAX_ID_BYTES // 4
 
@@ -541,29 +550,72 @@ class ServiceCore(Generic[S, E]):
         self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
     ) -> E:
         """Bring the live session up to date with what the store took."""
-        if result.duplicate or result.marker is None:
+        marker = result.marker
+        if result.duplicate or marker is None:
+            return event
+        if result.stored_state is not None:
+            # Finishes of locked appends to one live session may come from
+            # several threads at once: each merge is a few list and dict
+            # operations, done one at a time.
+            with _live_merge:
+                self._merge_locked(session, event, prepared, result)
             return event
         state, events, _ = self.model.live_parts(session)
-        stored = result.stored_state
-        if stored is not None:
-            # A locked append: the stored maps hold every delta, this one's,
-            # missed ones' and other sessions' to the shared maps. Temp keys
-            # live only here and stay.
-            temp = {k: v for k, v in state.items() if k.startswith(TEMP_PREFIX)}
-            state.clear()
-            state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
-            state.update(temp)
-        elif prepared.delta:
+        if prepared.delta:
             apply_delta(state, prepared.delta)
         if prepared.temp:
             apply_delta(state, prepared.temp)
-        missed = self.model.decode_events(result.missed_events) if result.missed_events else []
-        if result.replace_events:
-            events.clear()
-        events.extend(missed)
         events.append(event)
-        self.model.update_session(session, result.last_update_time, result.marker)
+        self.model.update_session(session, result.last_update_time, marker)
         return event
+
+    def _merge_locked(
+        self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
+    ) -> None:
+        """Merge a locked append's result into the live session, by position.
+
+        The result holds the stored events from ``first_missed`` up to this
+        append's own, and the maps after it. Locked appends to one live
+        session finish in any order, each against the marker the session held
+        when it was prepared, so the merge goes by what the live session holds
+        now: a result older than it adds nothing (but its event object takes
+        the place of the stored copy another finish brought in), a newer one
+        adds only the positions the session lacks and brings its state.
+        """
+        model = self.model
+        state, events, _ = model.live_parts(session)
+        held = marker_position(model.marker(session))
+        now = marker_position(result.marker)
+        if held is not None and now is not None and now <= held:
+            if now[0] == held[0]:
+                index = len(events) - (held[1] - now[1]) - 1
+                if 0 <= index < len(events):
+                    events[index] = event
+            if prepared.temp:
+                apply_delta(state, prepared.temp)
+            return
+        stored = result.stored_state
+        assert stored is not None
+        # The stored maps hold every delta, this one's, missed ones' and other
+        # sessions' to the shared maps. Temp keys live only here and stay.
+        temp = {k: v for k, v in state.items() if k.startswith(TEMP_PREFIX)}
+        state.clear()
+        state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
+        state.update(temp)
+        if prepared.temp:
+            apply_delta(state, prepared.temp)
+        missed = model.decode_events(result.missed_events) if result.missed_events else []
+        if held is not None and now is not None and now[0] == held[0]:
+            # The session holds positions up to held[1]; the result starts at first_missed.
+            skip = held[1] - result.first_missed
+            new = [*missed, event][max(0, skip) :]
+        else:
+            new = [*missed, event]
+            if result.replace_events:
+                events.clear()
+        events.extend(new)
+        assert result.marker is not None
+        model.update_session(session, result.last_update_time, result.marker)
 
 
 def _list_order(record: SessionRecord) -> tuple[float, str, str]:

@@ -46,6 +46,7 @@ __all__ = [
     "event_copy",
     "events_seen",
     "finish_all",
+    "marker_position",
 ]
 
 T = TypeVar("T")
@@ -291,6 +292,11 @@ class AppendResult:
     # created again), all stored events, and ``replace_events`` is set.
     missed_events: list[bytes] = field(default_factory=list)
     replace_events: bool = False
+    # The position in the session of the first missed event: the result holds
+    # the stored events from there up to this append's, which is the last.
+    # Finishes of concurrent locked appends may arrive in any order; positions
+    # let each one add only what the live session does not hold yet.
+    first_missed: int = 0
     # For a locked append: the stored maps after it. Other sessions write the
     # app and user maps too, so replaying missed events would not suffice.
     stored_state: LoadedSession | None = None
@@ -298,6 +304,23 @@ class AppendResult:
 
 # What a batch append did: a result per request appended, and what stopped it.
 BatchOutcome = tuple[list[AppendResult], "BaseException | None"]
+
+
+def marker_position(marker: str | None) -> tuple[int, int] | None:
+    """Return (session number, event count) of a revision marker; None for another form.
+
+    Session numbers only grow, so a later revision of a session (or a session
+    created later under the same id) compares greater.
+    """
+    if marker is None:
+        return None
+    # After a truncation a marker is number:count:removed; the count is what
+    # positions a copy's history either way.
+    number, _, rest = marker.partition(":")
+    count = rest.partition(":")[0]
+    if not number.isdigit() or not count.isdigit():
+        return None
+    return int(number), int(count)
 
 
 def check_append(
@@ -352,11 +375,10 @@ def events_seen(
     looked up by id with ``seq_of``, or none at all when it has no events.
     """
     if request.marker is not None:
-        number, _, rest = request.marker.partition(":")
-        count = rest.partition(":")[0]
-        if number != str(record.number) or not count.isdigit():
+        position = marker_position(request.marker)
+        if position is None or position[0] != record.number:
             return None
-        return int(count)
+        return position[1]
     if request.caller_last_event_id is None:
         return 0
     seq = seq_of(request.caller_last_event_id)
@@ -378,7 +400,7 @@ def catch_up(
     if known is None:
         result.missed_events, result.replace_events = events(0), True
     else:
-        result.missed_events = events(known)
+        result.missed_events, result.first_missed = events(known), known
     result.stored_state = stored_state()
     return result
 

@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import math
+import mmap
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -50,14 +54,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lmdb
+import lmdb.verify as lmdb_verify
 
 from ..codec import decode_event, pack, unpack
 from ..errors import (
     AlreadyExistsError,
+    CorruptStoreError,
     IncompatibleStoreError,
     SessionNotFoundError,
     StoreClosedError,
     StoreError,
+    UnsafeStoreError,
 )
 from .base import (
     BATCH_EVENTS,
@@ -105,10 +112,36 @@ _DIGEST_MARK = b"\xff\xff"
 # The magic number at the start of every LMDB meta page (after the page header).
 _LMDB_MAGIC = 0xBEEFC0DE
 _MAX_BATCH = 1024
+# A map smaller than this cannot hold the named databases of a new store.
+_MIN_MAP_SIZE = 1 << 20
+# Each reader slot is a line of lock.mdb; more than this is a typo.
+_MAX_READERS = 1 << 20
+# LMDB 0.9's page header, and the fields of a meta page after it.
+_PAGE_HEADER = 16
+_META = struct.Struct("<IIQQ48s48sQQ")
+_DB_ROOT = struct.Struct("<Q")  # the root page number, last field of a database record
+_NO_PAGE = (1 << 64) - 1
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 # A write waiting for the group commit, and who waits for it.
 _Queued = tuple[Callable[[Any], Any], Pending[Any]]
+
+
+# The process the stores of this process were opened in. A forked child gets
+# its own id here, and a store opened in the parent refuses to work there.
+_process_pid = os.getpid()
+
+
+def _note_fork() -> None:
+    global _process_pid
+    _process_pid = os.getpid()
+    # The parent's stores are not open here; LMDB still counts them as open
+    # until the inherited objects are dropped.
+    _inherited.update(_open_here)
+    _open_here.clear()
+
+
+os.register_at_fork(after_in_child=_note_fork)
 
 
 def _unique_part(text: str) -> bytes:
@@ -219,59 +252,43 @@ class LmdbStore:
         file_mode: int = 0o600,
         max_readers: int = 256,
         session_ttl: float | None = None,
+        verify: bool = False,
+        trust_directory: bool = False,
     ) -> None:
         ttl = check_ttl(session_ttl)
-        if durability not in ("sync", "deferred"):
-            raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
-        if not isinstance(map_size, int) or map_size <= 0:
-            raise ValueError(f"map_size must be a positive int, not {map_size!r}")
-        if not flush_interval > 0:
-            raise ValueError(f"flush_interval must be positive, not {flush_interval!r}")
+        map_size = _check_options(durability, map_size, flush_interval, file_mode, max_readers)
         self.path = Path(path)
         self.aio = InlineAsyncStore(self)
         self.durability: Durability = durability
         self.flush_interval = flush_interval
+        self._file_mode = file_mode
+        self._max_readers = max_readers
+        # A store belongs to the process that opened it: one that crossed a
+        # fork() refuses to be used in the child (see _check_open).
+        self._pid = _process_pid
         self._closed = False
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
-        try:
-            self._probe(self.path)
-        except lmdb.Error as error:
-            raise StoreError(
-                f"cannot open {self.path}: {error}",
-                hint="a process opens a store once: share the store object between services",
-            ) from error
+        self._check_files(trust_directory)
+        self._probe(self.path, verify)
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
-            self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
+            try:
+                self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
+            except OSError as error:
+                raise _open_failure(self.path, error) from error
+        self._env = self._open_env(map_size)
         try:
-            # No writable map: it would make a small commit cheaper, but LMDB
-            # then syncs by msync over the whole map, so a durable commit
-            # would grow slower as the store grows.
-            self._env = lmdb.open(
-                str(self.path),
-                map_size=map_size,
-                max_dbs=len(_DB_NAMES) + 2,
-                max_readers=max_readers,
-                max_spare_txns=16,
-                subdir=True,
-                sync=durability == "sync",
-                metasync=True,
-                readahead=False,
-                mode=file_mode,
-            )
-        except lmdb.InvalidError as error:
-            raise IncompatibleStoreError(
-                f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
-            ) from error
-        except lmdb.Error as error:
-            raise StoreError(
-                f"cannot open {self.path}: {error}",
-                hint="a process opens a store once: share the store object between services",
-            ) from error
-        try:
+            # Slots of readers whose process died without closing the store
+            # would otherwise stay taken until every process closed it.
+            self._env.reader_check()
+            self._map_size: int = self._env.info()["map_size"]
             self._dbs = self._open_databases()
+            self._lock_path = self.path / "lock.mdb"
+            self._lock_id = _file_id(self._lock_path)
+            self._data_id = _file_id(self.path / "data.mdb")
+            _open_here.add(self._data_id)
         except BaseException:
             self._env.close()
             raise
@@ -295,10 +312,7 @@ class LmdbStore:
         self._sync_waiters: list[Pending[None]] = []
         self._dirty = False
         if durability == "sync":
-            self._writer = threading.Thread(
-                target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
-            )
-            self._writer.start()
+            self._start_writer()
         else:
             self._syncer = threading.Thread(
                 target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
@@ -310,6 +324,36 @@ class LmdbStore:
         if self._expirer is not None:
             self._expirer.start()
 
+    def _start_writer(self) -> None:
+        self._writer = threading.Thread(
+            target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
+        )
+        self._writer.start()
+
+    def _open_env(self, map_size: int) -> Any:
+        try:
+            # No writable map: it would make a small commit cheaper, but LMDB
+            # then syncs by msync over the whole map, so a durable commit
+            # would grow slower as the store grows.
+            return lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=len(_DB_NAMES) + 2,
+                max_readers=self._max_readers,
+                max_spare_txns=16,
+                subdir=True,
+                sync=self.durability == "sync",
+                metasync=True,
+                readahead=False,
+                mode=self._file_mode,
+            )
+        except lmdb.InvalidError as error:
+            raise IncompatibleStoreError(
+                f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
+            ) from error
+        except (lmdb.Error, OSError) as error:
+            raise _open_failure(self.path, error) from error
+
     def __repr__(self) -> str:
         return f"LmdbStore({str(self.path)!r}, durability={self.durability!r})"
 
@@ -320,15 +364,60 @@ class LmdbStore:
 
     # -- opening ---------------------------------------------------------
 
-    @staticmethod
-    def _probe(path: Path) -> None:
-        """Refuse a path that is not ours before LMDB creates or writes a file there."""
-        if not path.exists():
+    def _check_files(self, trust_directory: bool) -> None:
+        """Refuse a directory others could write to, and planted links.
+
+        LMDB writes its lock table into lock.mdb and pages into data.mdb
+        wherever the names lead; a link would have it overwrite the file it
+        points to. A directory another user owns or may write to lets them
+        swap those files.
+        """
+        path = self.path
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
             return
-        if not path.is_dir():
+        except OSError as error:
+            raise _open_failure(path, error) from error
+        if not stat.S_ISDIR(info.st_mode):
             raise IncompatibleStoreError(
                 f"{path} is not a directory", hint="give the path of a store directory"
             )
+        if not trust_directory:
+            if info.st_uid != os.geteuid():
+                raise UnsafeStoreError(
+                    f"{path} is owned by user {info.st_uid}, not by this process's user",
+                    hint="open stores you own, or pass trust_directory=True",
+                )
+            # Group or others may write only where file_mode lets them.
+            extra = info.st_mode & 0o022 & ~self._file_mode
+            if extra:
+                raise UnsafeStoreError(
+                    f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
+                    f"(mode {stat.S_IMODE(info.st_mode):o})",
+                    hint="chmod go-w the directory, give a file_mode that shares it, "
+                    "or pass trust_directory=True",
+                )
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                entry = os.lstat(path / name)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(entry.st_mode):
+                raise UnsafeStoreError(
+                    f"{path / name} is a symbolic link",
+                    hint="a store's files must be plain files: remove the link",
+                )
+            if not stat.S_ISREG(entry.st_mode):
+                raise IncompatibleStoreError(
+                    f"{path / name} is not a file", hint="pick an empty or new directory"
+                )
+
+    @staticmethod
+    def _probe(path: Path, verify: bool = False) -> None:
+        """Refuse a path that is not ours before LMDB creates or writes a file there."""
+        if not path.exists():
+            return
         data = path / "data.mdb"
         if not data.exists():
             if any(entry != "lock.mdb" for entry in os.listdir(path)):
@@ -337,30 +426,60 @@ class LmdbStore:
                     hint="pick an empty or new directory",
                 )
             return
-        with open(data, "rb") as file:
-            header = file.read(20)
+        try:
+            with open(data, "rb") as file:
+                header = file.read(20)
+        except OSError as error:
+            raise _open_failure(path, error) from error
         if len(header) < 20 or int.from_bytes(header[16:20], "little") != _LMDB_MAGIC:
             raise IncompatibleStoreError(
                 f"{data} is not an LMDB file", hint="pick an empty or new directory"
             )
-        # Read what the file holds read-only and without the lock file, so
-        # that opening a path that is not ours changes no file at all (a
-        # normal open creates or updates lock.mdb). Unregistered, this read
-        # can meet pages a writer in another process is recycling: a refusal
+        # What LMDB would map without checking: pages past the end of the
+        # file are a SIGBUS, not an error.
+        _check_meta(data)
+        if verify:
+            _verify_file(data)
+        if _file_id(data) in _open_here:
+            raise StoreError(
+                f"cannot open {path}: it is already open in this process",
+                hint="a process opens a store once: share the store object between services",
+            )
+        if _in_use(path / "lock.mdb"):
+            # Another process has the store open: read it as a registered
+            # reader, so that no writer recycles the pages being read (an
+            # unregistered read can trip LMDB's own assertions). Reading
+            # changes only the lock table, never data.mdb.
+            LmdbStore._read_format(path, lock=True)
+            return
+        # No process has the store open. Read what the file holds read-only
+        # and without the lock file, so that opening a path that is not ours
+        # changes no file at all. A process may open it meanwhile: a refusal
         # is only trusted when a second and third read agree.
         for attempt in range(3):
             try:
-                LmdbStore._read_format(path)
+                LmdbStore._read_format(path, lock=False)
                 return
             except (IncompatibleStoreError, lmdb.Error):
                 if attempt == 2:
                     raise
 
     @staticmethod
-    def _read_format(path: Path) -> None:
-        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+    def _read_format(path: Path, lock: bool) -> None:
         try:
-            with env.begin() as txn:
+            env = lmdb.open(str(path), readonly=True, lock=lock, max_dbs=len(_DB_NAMES) + 2)
+        except lmdb.InvalidError as error:
+            raise IncompatibleStoreError(
+                f"{path} does not hold an LMDB store", hint="pick an empty directory"
+            ) from error
+        except (lmdb.Error, OSError) as error:
+            raise _open_failure(path, error) from error
+        try:
+            if lock:
+                with contextlib.suppress(lmdb.Error):
+                    env.reader_check()
+            txn = _begin_adopting(env)
+            try:
                 names = [key for key, _ in txn.cursor()]
                 if names and b"meta" not in names:
                     raise IncompatibleStoreError(
@@ -370,21 +489,40 @@ class LmdbStore:
                 if names:
                     meta = env.open_db(b"meta", txn=txn, create=False)
                     _check_format(path, txn.get(_FORMAT_KEY, db=meta))
+            finally:
+                txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"reading {path}", error) from error
         finally:
             env.close()
 
     def _open_databases(self) -> dict[bytes, Any]:
         env = self._env
-        with env.begin(write=True) as txn:
-            if txn.cursor().first():
-                # Opening existing handles changes nothing on disk.
-                dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
-                _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
-            else:
-                dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
-                header = {"magic": MAGIC, "format": FORMAT_VERSION}
-                txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=dbs[b"meta"])
-                txn.put(_NUMBER_KEY, _U64.pack(1), db=dbs[b"meta"])
+        try:
+            with self._gate:
+                # Through _begin: another process may be growing the map.
+                txn = self._begin(write=True)
+                try:
+                    if txn.cursor().first():
+                        # Opening existing handles changes nothing on disk.
+                        dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
+                        _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
+                    else:
+                        dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
+                        header = {"magic": MAGIC, "format": FORMAT_VERSION}
+                        meta = dbs[b"meta"]
+                        txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=meta)
+                        txn.put(_NUMBER_KEY, _U64.pack(1), db=meta)
+                except BaseException:
+                    txn.abort()
+                    raise
+                txn.commit()
+        except lmdb.NotFoundError as error:
+            raise IncompatibleStoreError(
+                f"{self.path} holds another LMDB database", hint="pick another path"
+            ) from error
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"opening {self.path}", error) from error
         return dbs
 
     # -- transactions ----------------------------------------------------
@@ -392,12 +530,18 @@ class LmdbStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
+        if self._pid != _process_pid:
+            raise _forked_error(self.path)
 
     def _begin(self, write: bool = False, parent: Any = None) -> Any:
-        """Begin a transaction, adopting a map another process has grown."""
+        """Begin a transaction, adopting a map another process has grown.
+
+        A full reader table is checked for slots of dead processes once.
+        """
         if self._released:
             # A call that passed the open check as the store closed.
             raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
+        checked_readers = False
         while True:
             try:
                 return self._env.begin(write=write, parent=parent)
@@ -407,6 +551,10 @@ class LmdbStore:
                     raise StoreClosedError(
                         f"the store at {self.path} is closed", hint="open it again"
                     ) from None
+            except lmdb.ReadersFullError:
+                if checked_readers or not self._env.reader_check():
+                    raise
+                checked_readers = True
 
     def _adopt_map_size(self) -> None:
         # The gate is held by the caller: leave it while the map is swapped.
@@ -419,13 +567,49 @@ class LmdbStore:
     def _adopt_if_open(self) -> None:
         if not self._released:
             self._env.set_mapsize(0)
+            self._map_size = self._env.info()["map_size"]
 
-    def _grow(self) -> None:
+    def _grow(self, seen: int) -> None:
+        """Double the map after a transaction that saw ``seen`` bytes of it ran out.
+
+        Writers that ran out at once grow it once: the others find it grown.
+        """
+
         def double() -> None:
-            if not self._released:  # a closed store is not grown; _begin says so
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            if self._released or self._map_size != seen:
+                return  # closed (_begin says so), or grown by another writer
+            try:
+                self._env.set_mapsize(seen * 2)
+            except (lmdb.Error, OverflowError) as error:
+                # LMDB drops the map when the OS refuses a new one: map the
+                # store again at the size it had.
+                self._reopen(seen)
+                raise StoreError(
+                    f"growing the map of {self.path} to {seen * 2} bytes failed: {error}",
+                    hint="the OS refused the address space (ulimit -v, overcommit settings); "
+                    "the store stays usable at its current size",
+                ) from error
+            self._map_size = self._env.info()["map_size"]
 
         self._gate.exclusive(double)
+
+    def _reopen(self, map_size: int) -> None:
+        """Open the environment again after LMDB closed it; called with no transaction open."""
+        with contextlib.suppress(lmdb.Error):
+            self._env.close()
+        try:
+            self._env = self._open_env(map_size)
+            self._map_size = self._env.info()["map_size"]
+            with self._env.begin() as txn:
+                self._dbs = {
+                    name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
+                }
+        except BaseException:
+            self._released = self._closed = True
+            raise
+        self._sessions = self._dbs[b"sessions"]
+        self._shared = self._dbs[b"shared"]
+        self._data = self._dbs[b"data"]
 
     def _read(self, action: Callable[[Any], T]) -> T:
         self._check_open()
@@ -440,9 +624,15 @@ class LmdbStore:
             raise _lmdb_failure("reading the store", error) from error
 
     def _write(self, action: Callable[[Any], T]) -> Completion[T]:
-        """Run a write: queued for group commit, or inline without fsync."""
+        """Run a write: queued for group commit, or inline without fsync.
+
+        A deferred write from an event loop's thread is queued too: LMDB's
+        write lock may be held by another thread or process for as long as
+        it likes, and the loop must not wait for it.
+        """
         self._check_open()
-        if self._writer is None:
+        in_loop = asyncio._get_running_loop() is not None
+        if self._syncer is not None and not in_loop:
             ok, value = self._run_writes([action])[0]
             return Completion.done(value) if ok else Completion.failed(value)
         pending: Pending[T] = Pending()
@@ -450,13 +640,15 @@ class LmdbStore:
             # Checked with the append, so that nothing is queued after the
             # writer thread's last pass.
             self._check_open()
+            if self._writer is None:
+                self._start_writer()
             self._writes.append((action, pending))
         # A thread with no event loop may commit the queue itself (it would
         # only wait otherwise), saving two thread wake-ups; a thread running
         # an event loop leaves the disk wait to the writer thread. A leader
         # stops once its own write is done: what others queue meanwhile is
         # the writer thread's.
-        if asyncio._get_running_loop() is None and self._leader.acquire(blocking=False):
+        if not in_loop and self._leader.acquire(blocking=False):
             try:
                 while not pending.done and self._commit_queued():
                     pass
@@ -482,9 +674,18 @@ class LmdbStore:
         per write. Every write checks before it writes, so running it again
         after an abort is safe.
         """
+        if _file_id(self._lock_path) != self._lock_id:
+            # Another process could not see this one's readers and writer.
+            replaced = UnsafeStoreError(
+                f"{self._lock_path} was removed or replaced while the store was open",
+                hint="writing now could corrupt the store: close it in every process and "
+                "open it again",
+            )
+            return [(False, replaced)] * len(actions)
         while True:
             try:
                 with self._gate:
+                    seen = self._map_size
                     txn = self._begin(write=True)
                     try:
                         results = [action(txn) for action in actions]
@@ -496,7 +697,10 @@ class LmdbStore:
                 self._dirty = True
                 return [(True, result) for result in results]
             except lmdb.MapFullError:
-                self._grow()
+                try:
+                    self._grow(seen)
+                except StoreError as error:
+                    return [(False, error)] * len(actions)
             except Exception as error:  # the failing write's own outcome
                 failure: Exception = error
                 if isinstance(error, lmdb.Error):
@@ -1206,19 +1410,27 @@ class LmdbStore:
         return Completion.waiting(pending)
 
     def close(self) -> None:
-        """Flush, stop the background thread and release the environment."""
+        """Flush, stop the background threads and release the environment.
+
+        In a child process that inherited the store through fork(), only
+        mark it closed: the environment and the threads belong to the parent.
+        """
         if self._closed:
+            return
+        if self._pid != _process_pid:
+            self._closed = True
             return
         if self._expirer is not None:
             self._expirer.stop()
-        if self._writer is not None:
-            # Closed first, so that nothing is queued after the writer's last pass...
-            with self._admit:
-                self._closed = True
+        # Closed first, so that nothing is queued after the writer's last pass...
+        with self._admit:
+            self._closed = True
+            writer = self._writer
+        if writer is not None:
             with self._wake:
                 self._stopping = True
                 self._wake.notify()
-            self._writer.join()
+            writer.join()
             # ...and should one be left all the same, it is told so, not left waiting.
             with self._leader:
                 left = list(self._writes)
@@ -1227,18 +1439,35 @@ class LmdbStore:
             finish_all((pending, False, closed) for _, pending in left)
         if self._syncer is not None:
             with self._sync_cond:
-                self._closed = True
                 self._sync_cond.notify()
             self._syncer.join()
-        self._closed = True
         # Wait for running transactions, and turn away the ones still to begin.
         self._gate.exclusive(self._release)
 
     def _release(self) -> None:
         self._released = True
+        _open_here.discard(self._data_id)
         if self._syncer is not None:
             self._env.sync(True)
         self._env.close()
+
+    def verify(self) -> None:
+        """Check every page of the store's data file; raise CorruptStoreError if one is wrong.
+
+        The check reads the file, never through LMDB, while holding the
+        store's write lock, so that no process commits while it reads: other
+        writers wait for it (about a second per 100 MB).
+        """
+        self._check_open()
+        try:
+            with self._gate:
+                txn = self._begin(write=True)
+                try:
+                    _verify_file(self.path / "data.mdb")
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"verifying {self.path}", error) from error
 
     def stat(self) -> dict[str, Any]:
         """Return LMDB's figures: map size, pages used, entries per database."""
@@ -1484,17 +1713,246 @@ class _PartialBatch(Exception):
 
 
 def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
-    """Return the error a caller sees when LMDB itself fails (disk full, I/O, limits)."""
+    """Return the error a caller sees when LMDB itself fails, with a hint for its cause."""
+    failure: StoreError
+    message = f"{doing} failed: {error}"
     if isinstance(error, lmdb.ReadersFullError):
-        hint = "more transactions are open at once than max_readers allows: raise max_readers"
-    else:
-        hint = (
-            "check free disk space, file size limits and the disk; "
-            "what was stored before this call is intact"
+        failure = StoreError(
+            message,
+            hint="every reader slot is held by a live transaction (slots of exited "
+            "processes were reclaimed): raise max_readers",
         )
-    failure = StoreError(f"{doing} failed: {error}", hint=hint)
+    elif isinstance(
+        error, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+    ):
+        failure = CorruptStoreError(message)
+    elif isinstance(error, lmdb.PanicError):
+        failure = StoreError(
+            message,
+            hint="LMDB stopped this environment after a fatal error: open the store again; "
+            "if it recurs, check the disk and run `sessionscope verify`",
+        )
+    elif isinstance(error, lmdb.ReadonlyError) or _errno_of(error) == errno.EROFS:
+        failure = StoreError(
+            message,
+            hint="the store's files or filesystem are read-only: open it where it can write",
+        )
+    elif isinstance(error, lmdb.MemoryError):
+        failure = StoreError(
+            message, hint="the OS refused memory or address space for the map (ulimit -v)"
+        )
+    else:
+        failure = StoreError(
+            message,
+            hint="check free disk space, file size limits and the disk; "
+            "what was stored before this call is intact",
+        )
     failure.__cause__ = error
     return failure
+
+
+def _errno_of(error: BaseException) -> int | None:
+    """Return the errno an OSError or an LMDB error carries, when it says one."""
+    if isinstance(error, OSError):
+        return error.errno
+    text = str(error)
+    for code in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+        if os.strerror(code) in text:
+            return code
+    return None
+
+
+def _open_failure(path: Path, error: BaseException) -> StoreError:
+    """Return the error for a store that cannot be opened, with a hint for its cause."""
+    code = _errno_of(error)
+    read_only = False
+    with contextlib.suppress(OSError):
+        probe = path if path.exists() else path.parent
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    if read_only or code == errno.EROFS:
+        hint = "the filesystem is mounted read-only: open the store on a writable one"
+    elif code in (errno.EACCES, errno.EPERM) or isinstance(error, lmdb.ReadonlyError):
+        hint = "this user may not write the store's directory or files: check their owner and mode"
+    elif code == errno.ENOSPC:
+        hint = "the disk is full: free space and open the store again"
+    elif isinstance(error, lmdb.Error) and "already open" in str(error):
+        if _file_id(path / "data.mdb") in _inherited:
+            hint = (
+                "this process inherited the store through fork(): open stores only after "
+                "forking, or drop every inherited store object before opening it again"
+            )
+        else:
+            hint = "a process opens a store once: share the store object between services"
+    elif isinstance(error, lmdb.Error):
+        return _lmdb_failure(f"opening {path}", error)
+    else:
+        hint = "check the path, its permissions and the disk"
+    failure = StoreError(f"cannot open {path}: {error}", hint=hint)
+    failure.__cause__ = error
+    return failure
+
+
+def _forked_error(path: Path) -> StoreError:
+    return StoreError(
+        f"the store at {path} was opened in another process and crossed a fork()",
+        hint="open stores after forking: in each worker process, open its own store "
+        "(multiprocessing: open it in the worker function, or use the spawn context)",
+    )
+
+
+def _check_options(
+    durability: object,
+    map_size: object,
+    flush_interval: object,
+    file_mode: object,
+    max_readers: object,
+) -> int:
+    """Refuse options LMDB or the syncer could not work with; return the map size to use."""
+    if durability not in ("sync", "deferred"):
+        raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
+    if isinstance(map_size, bool) or not isinstance(map_size, int) or map_size <= 0:
+        raise ValueError(f"map_size must be a positive int, not {map_size!r}")
+    if map_size > sys.maxsize:
+        raise ValueError(f"map_size must be at most {sys.maxsize}, not {map_size}")
+    if (
+        isinstance(flush_interval, bool)
+        or not isinstance(flush_interval, (int, float))
+        or not math.isfinite(flush_interval)
+        or not 0 < flush_interval <= threading.TIMEOUT_MAX
+    ):
+        raise ValueError(
+            "flush_interval must be a finite number of seconds above 0 and at most "
+            f"{threading.TIMEOUT_MAX}, not {flush_interval!r}"
+        )
+    if isinstance(file_mode, bool) or not isinstance(file_mode, int) or file_mode & ~0o777:
+        raise ValueError(f"file_mode must be permission bits such as 0o600, not {file_mode!r}")
+    if file_mode & 0o600 != 0o600:
+        raise ValueError(f"file_mode must let the owner read and write (0o600), not {file_mode:o}")
+    if (
+        isinstance(max_readers, bool)
+        or not isinstance(max_readers, int)
+        or not 1 <= max_readers <= _MAX_READERS
+    ):
+        raise ValueError(
+            f"max_readers must be an int from 1 to {_MAX_READERS}, not {max_readers!r}"
+        )
+    # Tiny maps are rounded up, and every size to whole OS pages.
+    page = mmap.PAGESIZE
+    return max(_MIN_MAP_SIZE, -(-map_size // page) * page)
+
+
+# The data files (device, inode) of the stores open in this process. LMDB's
+# locks belong to the process: opening and closing a second descriptor of an
+# open store's lock file would drop them, so the probe never does.
+_open_here: set[tuple[int, int] | None] = set()
+# Those of a parent process, inherited through fork().
+_inherited: set[tuple[int, int] | None] = set()
+# struct flock on Linux: type, whence, start, length, pid (with padding).
+_FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _in_use(lock_file: Path) -> bool:
+    """Tell whether another process has the store open (holds a lock on lock.mdb).
+
+    Asked with F_GETLK, which changes no lock and no byte. Where the layout
+    of the query is not known, assume the store is in use.
+    """
+    if not lock_file.exists():
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return True
+    try:
+        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Return which file a path names now (device, inode); None when there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _begin_adopting(env: Any) -> Any:
+    """Begin a read transaction on an environment used while opening, adopting a grown map."""
+    for _ in range(1000):
+        try:
+            return env.begin()
+        except lmdb.MapResizedError:
+            env.set_mapsize(0)
+    return env.begin()
+
+
+def _check_meta(data: Path) -> None:
+    """Refuse a data file shorter than its meta pages say, or whose meta pages are damaged.
+
+    Cheap (two small reads), so it runs at every open: LMDB maps the file
+    and trusts these numbers, and a page past the end of the file is a
+    SIGBUS, not an error.
+    """
+    try:
+        with open(data, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            first = file.read(_PAGE_HEADER + _META.size)
+            if len(first) < _PAGE_HEADER + _META.size:
+                raise CorruptStoreError(f"{data} is too short to hold its meta pages")
+            page_size = int.from_bytes(first[_PAGE_HEADER + 24 : _PAGE_HEADER + 28], "little")
+            if page_size < 512 or page_size > 1 << 16 or page_size & (page_size - 1):
+                raise CorruptStoreError(f"{data} records an impossible page size {page_size}")
+            file.seek(page_size)
+            second = file.read(_PAGE_HEADER + _META.size)
+    except OSError as error:
+        raise _open_failure(data.parent, error) from error
+    if len(second) < _PAGE_HEADER + _META.size:
+        raise CorruptStoreError(
+            f"{data} is {size} bytes, too short to hold its second meta page",
+        )
+    metas = []
+    for page in (first, second):
+        magic, _, _, _, free_db, main_db, last_page, txn_id = _META.unpack_from(page, _PAGE_HEADER)
+        if magic != _LMDB_MAGIC:
+            raise CorruptStoreError(f"{data} has a damaged meta page (bad magic number)")
+        metas.append((txn_id, last_page, free_db, main_db))
+    # LMDB uses the meta page of the later transaction.
+    _, last_page, free_db, main_db = max(metas)
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        raise CorruptStoreError(
+            f"{data} is {size} bytes but its meta page says it holds {last_page + 1} pages "
+            f"of {page_size} bytes ({needed} bytes): the file was truncated"
+        )
+    for name, record in (("free", free_db), ("main", main_db)):
+        (root,) = _DB_ROOT.unpack_from(record, 40)
+        if root != _NO_PAGE and not 2 <= root <= last_page:
+            raise CorruptStoreError(
+                f"{data} has a damaged meta page: the {name} database's root page "
+                f"{root} is outside the file's {last_page + 1} pages"
+            )
+
+
+def _verify_file(data: Path) -> None:
+    """Check every page of a data file without handing it to LMDB; raise CorruptStoreError."""
+    try:
+        problems: list[str] = lmdb_verify.verify(str(data), subdir=False)  # type: ignore[no-untyped-call]
+    except lmdb_verify.VerifyError as error:
+        raise CorruptStoreError(f"{data} cannot be verified: {error}") from error
+    except OSError as error:
+        raise _open_failure(data.parent, error) from error
+    if problems:
+        shown = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CorruptStoreError(f"{data} failed verification: {shown}{more}")
 
 
 def _check_format(path: Path, header: bytes | None) -> None:
@@ -1504,13 +1962,23 @@ def _check_format(path: Path, header: bytes | None) -> None:
             f"{path} holds an LMDB database without a format record",
             hint="pick an empty or new directory",
         )
-    fields = unpack(header[1:]) if header[:1] else {}
+    try:
+        fields = unpack(header[1:]) if header[:1] else {}
+    except Exception as error:
+        raise CorruptStoreError(
+            f"the format record of {path} is unreadable (format byte {header[:1].hex() or 'none'})"
+        ) from error
     if not isinstance(fields, dict) or fields.get("magic") != MAGIC:
         raise IncompatibleStoreError(
             f"{path} holds another LMDB database", hint="pick another path"
         )
     version = fields.get("format")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or header[0] != version:
+        raise CorruptStoreError(
+            f"the format record of {path} is unreadable (format byte {header[0]}, "
+            f"format field {version!r})"
+        )
+    if version > FORMAT_VERSION:
         raise IncompatibleStoreError(
             f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
             hint="upgrade sessionscope",
