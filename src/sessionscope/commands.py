@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import time
@@ -89,6 +90,11 @@ def _progress(args: argparse.Namespace, total: int | None, label: str) -> Progre
 
 def _report(progress: Progress) -> Callable[[int, int], None]:
     return lambda done, total: progress.update(done, total)
+
+
+def _advance(progress: Progress) -> Callable[[int], None]:
+    """Return a callback that moves the bar on by the number of records just handled."""
+    return lambda count: progress.update(progress.done + count)
 
 
 def _emit(args: argparse.Namespace, document: dict[str, Any], text: Callable[[], str]) -> None:
@@ -558,7 +564,7 @@ def export_command(args: argparse.Namespace) -> int:
 
     with opened(args.uri) as store, _progress(args, None, "export") as bar:
         counts = export_dump(
-            store, out, app_name=args.app, user_id=args.user, progress=_report(bar)
+            store, out, app_name=args.app, user_id=args.user, progress=_advance(bar)
         )
     document = {"format": "dump", "out": str(out), **_counts(counts)}
     _emit(args, document, lambda: _counts_text(f"exported to {out}", _counts(counts)))
@@ -572,8 +578,16 @@ def import_command(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"{source} does not exist")
-    with opened(args.uri, existing=False) as store, _progress(args, None, "import") as bar:
-        counts = import_dump(store, source, progress=_report(bar))
+    path = lmdb_path(args.uri)
+    created = path is not None and not path.exists()
+    try:
+        with opened(args.uri, existing=False) as store, _progress(args, None, "import") as bar:
+            counts = import_dump(store, source, progress=_advance(bar))
+    except BaseException:
+        # A refused dump leaves no store behind where there was none.
+        if created and path is not None and path.is_dir():
+            shutil.rmtree(path)
+        raise
     document = {"uri": args.uri, "source": str(source), **_counts(counts)}
     _emit(args, document, lambda: _counts_text(f"imported from {source}", _counts(counts)))
     return 0
