@@ -647,3 +647,66 @@ def test_progress_is_drawn_only_on_a_terminal(store_path: Path) -> None:
     assert bar not in _on_a_terminal("verify", uri_of(store_path), "--no-progress")
     piped = run("verify", uri_of(store_path))
     assert bar not in piped.stdout + piped.stderr
+
+
+# -- migrate -----------------------------------------------------------------------
+
+
+def _adk_sqlite_store(path: Path) -> None:
+    """Write two users' sessions through google-adk's own SqliteSessionService."""
+    import asyncio
+
+    from google.adk.events import Event as AdkEvent
+    from google.adk.events import EventActions as AdkActions
+    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+    from google.genai import types
+
+    async def fill() -> None:
+        service = SqliteSessionService(str(path))
+        for user in ("ada", "bob"):
+            state = {"app:plan": "gold", "user:name": user, "topic": "shoes"}
+            session = await service.create_session(app_name="shop", user_id=user, state=state)
+            for i in range(3):
+                event = AdkEvent(
+                    author="user",
+                    invocation_id="inv",
+                    timestamp=time.time(),
+                    content=types.Content(role="user", parts=[types.Part(text=f"hi {i}")]),
+                    actions=AdkActions(state_delta={"n": i, "user:seen": i}),
+                )
+                await service.append_event(session, event)
+
+    asyncio.run(fill())
+
+
+@pytest.mark.adk
+def test_migrate_from_an_adk_sqlite_store(tmp_path: Path) -> None:
+    source = tmp_path / "adk.db"
+    _adk_sqlite_store(source)
+    target = tmp_path / "store"
+    # An absolute path: ADK reads sqlite:///x.db as relative, sqlite:////abs/x.db as absolute.
+    url = f"sqlite:///{source}"
+    doc = run_json("migrate", "--from", url, "--to", uri_of(target))
+    assert (doc["sessions"], doc["events"], doc["copied"]) == (2, 6, 2)
+    assert doc["differences"] == []
+    users = run_json("ls", uri_of(target), "--app", "shop")
+    assert [(u["user"], u["sessions"], u["events"]) for u in users["users"]] == [
+        ("ada", 1, 3),
+        ("bob", 1, 3),
+    ]
+    again = run("migrate", "--from", url, "--to", uri_of(target))
+    assert again.returncode == 0, again.stderr
+    assert "no differences" in again.stdout
+    assert run_json("migrate", "--from", url, "--to", uri_of(target))["skipped"] == 2
+    assert run("verify", uri_of(target)).returncode == 0
+
+
+@pytest.mark.adk
+def test_migrate_from_a_missing_source_creates_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "store"
+    done = run("migrate", "--from", f"sqlite:///{tmp_path / 'none.db'}", "--to", uri_of(target))
+    assert done.returncode == 2
+    assert "no existing database file" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert not target.exists()
+    assert not (tmp_path / "none.db").exists()

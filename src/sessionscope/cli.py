@@ -376,6 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. head) went away: not an error of ours.
         sys.stderr.close()
         return 0
+    except ModuleNotFoundError as error:
+        extra = {"rich": "cli", "google": "adk"}.get((error.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        _fail(args.command, f"this needs {error.name}: pip install 'sessionscope[{extra}]'")
+        return 1
     except (SessionscopeError, OSError, ValueError) as error:
         # A refused dump is a ValueError; a store that fails is a StoreError.
         _fail(args.command, f"{type(error).__name__}: {error}")

@@ -595,14 +595,24 @@ def import_command(args: argparse.Namespace) -> int:
 
 def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
-    from .migrate import migrate_from_adk
+    from .migrate import migrate_from_adk, open_adk_service
 
+    try:
+        # Refuse a source ADK cannot open before the target store is created.
+        open_adk_service(args.source)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     started = time.perf_counter()
     with opened(args.to, existing=False) as store, _progress(args, None, "migrate") as bar:
-        report = migrate_from_adk(args.source, store, app_name=args.app, progress=_report(bar))
+        try:
+            report = migrate_from_adk(args.source, store, app_name=args.app, progress=_advance(bar))
+        except SessionscopeError:
+            raise
+        except ValueError as error:  # a source URL ADK cannot open, or no such file
+            raise UsageError(str(error)) from None
     fields = _counts(report)
     fields.setdefault("elapsed_s", time.perf_counter() - started)
-    differences = list(getattr(report, "differences", fields.get("differences", [])))
+    differences = list(report.differences)
     document = {"from": args.source, "to": args.to, **fields, "differences": differences}
 
     def text() -> str:
