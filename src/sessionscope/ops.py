@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .codec import decode_event, pack
-from .errors import IncompatibleStoreError, SessionscopeError, StoreError
+from .errors import SessionscopeError, StoreError
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession, SessionRecord
 
@@ -390,16 +389,3 @@ def compact(path: Path) -> dict[str, Any]:
         "events": checked[0].events,
         "total_s": time.perf_counter() - started,
     }
-
-
-def file_size(path: Path) -> int:
-    """Return the size of a store's data file, 0 when it has none."""
-    try:
-        return os.stat(path / "data.mdb").st_size
-    except FileNotFoundError:
-        return 0
-
-
-def is_incompatible(error: BaseException) -> bool:
-    """Tell whether an error says a path holds something this version cannot open."""
-    return isinstance(error, IncompatibleStoreError)
