@@ -38,9 +38,11 @@ import fcntl
 import math
 import mmap
 import os
+import shutil
 import stat
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -54,7 +56,7 @@ from typing import Any, Literal, TypeVar
 import lmdb
 import lmdb.verify as lmdb_verify
 
-from ..codec import pack, unpack
+from ..codec import decode_event, pack, unpack
 from ..errors import (
     AlreadyExistsError,
     CorruptStoreError,
@@ -1486,6 +1488,224 @@ class LmdbStore:
 
         return self._read(gather)
 
+    # -- operations: listing, checking, measuring and copying -------------
+    #
+    # What the command line needs beyond the Store protocol. None of it is on
+    # the path of a session call; each reads in one transaction.
+
+    def check_layout(self, progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """Return the problems of the key layout; an empty list when it is sound.
+
+        Every session record sits under the key of its own ids and has a
+        number of its own below the counter; every event entry belongs to a
+        record and lies below its count, and the number of them is the
+        record's; every event has an id index entry and a time index entry
+        pointing back at it, and every index entry points at an event that
+        has that id or time; no data lies under a number without a record.
+        ``progress(done, total)`` is called as records are checked.
+        """
+
+        def check(txn: Any) -> list[str]:
+            problems: list[str] = []
+            records: dict[bytes, SessionRecord] = {}
+            meta = self._dbs[b"meta"]
+            (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            for key, value in txn.cursor(db=self._sessions):
+                record = SessionRecord.from_list(unpack(value))
+                label = _label(record)
+                ids = (record.app_name, record.user_id, record.session_id)
+                if key != b"".join(_part(text) for text in ids):
+                    problems.append(f"{label}: its record is stored under another session's key")
+                number = _U64.pack(record.number)
+                if number in records:
+                    problems.append(f"{label}: shares number {record.number} with another session")
+                if record.number >= next_number:
+                    problems.append(f"{label}: number {record.number} is not below the counter")
+                records[number] = record
+            # Numbers queued for purging lost their record on purpose.
+            purging: set[bytes] = set()
+            queue = txn.cursor(db=meta)
+            if queue.set_range(_PURGE):
+                for key in queue.iternext(values=False):
+                    if not key.startswith(_PURGE):
+                        break
+                    purging.add(key[len(_PURGE) :])
+            total = len(records)
+            done = 0
+            cursor = txn.cursor(db=self._data)
+            seen: set[bytes] = set()
+            group: list[tuple[bytes, bytes]] = []
+            current = b""
+            for key, value in cursor:
+                if key[:8] != current and group:
+                    done += 1
+                    if current not in purging:
+                        self._check_group(current, group, records.get(current), problems)
+                    seen.add(current)
+                    group = []
+                    if progress is not None:
+                        progress(done, total)
+                current = key[:8]
+                group.append((key, value))
+            if group and current not in purging:
+                self._check_group(current, group, records.get(current), problems)
+                seen.add(current)
+            for number, record in records.items():
+                if number not in seen and record.stored_count:
+                    problems.append(
+                        f"{_label(record)}: counts {record.stored_count} events, stores none"
+                    )
+            if progress is not None:
+                progress(total, total)
+            return problems
+
+        return self._read(check)
+
+    @staticmethod
+    def _check_group(
+        number: bytes,
+        entries: list[tuple[bytes, bytes]],
+        record: SessionRecord | None,
+        problems: list[str],
+    ) -> None:
+        """Check the data entries of one session number against its record."""
+        if record is None:
+            problems.append(
+                f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
+                "session record (orphaned)"
+            )
+            return
+        label = _label(record)
+        events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
+        ids: dict[bytes, bytes] = {}
+        times: set[bytes] = set()
+        for key, value in entries:
+            kind = key[8:9]
+            if kind == _EVENT:
+                seq = key[9:17]
+                try:
+                    event_id = decode_event(value[8:])["id"]
+                except Exception as error:  # any undecodable record is a finding
+                    position = _U64.unpack(seq)[0]
+                    problems.append(f"{label}: event {position} does not decode: {error}")
+                    continue
+                events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
+            elif kind == _EVENT_ID:
+                ids[key[9:]] = value
+            elif kind == _EVENT_TIME:
+                times.add(key[9:])
+            elif kind != _STATE:
+                problems.append(f"{label}: an entry of unknown kind {kind!r}")
+        counted = record.stored_count
+        if len(events) != counted:
+            problems.append(f"{label}: counts {counted} events, stores {len(events)}")
+        for seq, (stamp, id_part) in events.items():
+            position = _U64.unpack(seq)[0]
+            if position >= record.event_count:
+                problems.append(f"{label}: event {position} lies past the record's count")
+            if ids.get(id_part) != seq:
+                problems.append(f"{label}: event {position} is missing from the id index")
+            if stamp + seq not in times:
+                problems.append(f"{label}: event {position} is missing from the time index")
+        for id_part, seq in ids.items():
+            if seq not in events or events[seq][1] != id_part:
+                problems.append(f"{label}: an id index entry points at no event with that id")
+        for entry in times:
+            known = events.get(entry[8:])
+            if known is None or known[0] != entry[:8]:
+                problems.append(f"{label}: a time index entry points at no event of that time")
+        last = events.get(_U64.pack(record.event_count - 1)) if record.event_count else None
+        if last is not None and last[1] != _unique_part(record.last_event_id or ""):
+            problems.append(f"{label}: the record's last event id is not its last event's")
+
+    def space(self) -> dict[str, int]:
+        """Return the file's size and how its pages are used.
+
+        ``free_pages`` counts the pages up to the last one in use that no
+        database holds: LMDB's free list (pages released by deletes and by
+        copy-on-write, which later writes reuse before the file grows) and
+        the pages of the list itself. A compaction leaves none.
+        """
+
+        def gather(txn: Any) -> dict[str, int]:
+            info = self._env.info()
+            main = self._env.stat()
+            used = _pages(main) + sum(_pages(txn.stat(self._dbs[name])) for name in _DB_NAMES)
+            pages = info["last_pgno"] + 1
+            return {
+                "file_size": (self.path / "data.mdb").stat().st_size,
+                "map_size": info["map_size"],
+                "page_size": main["psize"],
+                "pages": pages,
+                "pages_used": used,
+                # Pages 0 and 1 are LMDB's two meta pages.
+                "free_pages": max(0, pages - 2 - used),
+                "readers": info["num_readers"],
+            }
+
+        return self._read(gather)
+
+    def copy_to(self, dest: str | os.PathLike[str]) -> None:
+        """Write a consistent, compacted copy of the store into the empty directory ``dest``.
+
+        The copy is of one read snapshot, so writers in this or other
+        processes go on meanwhile; it holds no free pages.
+        """
+        target = Path(dest)
+        mode = (self.path / "data.mdb").stat().st_mode & 0o777
+        try:
+            with self._gate:
+                txn = self._begin()
+                try:
+                    self._env.copy(str(target), compact=True, txn=txn)
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure("copying the store", error) from error
+        copy = target / "data.mdb"
+        os.chmod(copy, mode)
+        _fsync(copy)
+
+    @classmethod
+    def compact(
+        cls, path: str | os.PathLike[str], check: Callable[[Path], None]
+    ) -> tuple[int, int]:
+        """Rewrite a store no process has open without free pages; return sizes before, after.
+
+        The store is copied with compaction into a sibling directory, the
+        copy is checked with ``check(directory)`` (which raises to refuse it),
+        and its file then replaces ``data.mdb`` by one rename: at every moment
+        the path holds the old file or the new one, whole. Meanwhile LMDB's
+        lock on ``lock.mdb`` is held exclusively, so no process opens the
+        store; one that waited for it meets an emptied lock file and fails to
+        open rather than read the new file with the old file's reader table.
+        """
+        root = Path(path)
+        data = root / "data.mdb"
+        if not data.is_file():
+            raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
+        cls._probe(root)
+        with _sole_user(root):
+            before = data.stat().st_size
+            temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
+            try:
+                env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+                try:
+                    env.copy(str(temp), compact=True)
+                finally:
+                    env.close()
+                copy = temp / "data.mdb"
+                os.chmod(copy, data.stat().st_mode & 0o777)
+                _fsync(copy)
+                check(temp)
+                os.replace(copy, data)
+                _fsync(root)
+            except lmdb.Error as error:
+                raise _lmdb_failure("compacting the store", error) from error
+            finally:
+                shutil.rmtree(temp, ignore_errors=True)
+            return before, data.stat().st_size
+
 
 class _PartialBatch(Exception):
     """Carries how many requests of a batch succeeded before one failed."""
@@ -1809,3 +2029,76 @@ def _raw_names(cursor: Any, prefix: bytes, depth: int) -> Iterator[str]:
 def _item_entries_of(values: dict[str, Any]) -> Items:
     """Return state items (key, packed value) of a decoded map."""
     return [(key, pack(value)) for key, value in values.items()]
+
+
+# -- helpers of the operations section ------------------------------------------
+
+
+def _label(record: SessionRecord) -> str:
+    return f"session {record.app_name}/{record.user_id}/{record.session_id}"
+
+
+def _pages(stat: Any) -> int:
+    return int(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
+
+
+def _fsync(path: Path) -> None:
+    """Make a file, or a directory's entries, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _sole_user(path: Path) -> Iterator[None]:
+    """Hold LMDB's lock on a store exclusively, or refuse: another process has it open.
+
+    Every process with the store open holds a shared fcntl lock on the first
+    byte of ``lock.mdb`` for as long as it keeps it open, and a process
+    opening it first tries the exclusive lock and then waits for the shared
+    one. So taking the exclusive lock both proves that no process has the
+    store open and keeps any from opening it until this one is done.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        raise StoreError(
+            "compacting needs POSIX file locks", hint="copy the store with backup instead"
+        ) from None
+    mode = (path / "data.mdb").stat().st_mode & 0o666
+    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:
+            holder = _lock_holder(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise StoreError(
+                f"{path} is open in another process{who}",
+                hint="close every process that uses the store, then compact it",
+            ) from None
+        yield
+        # The lock table describes the old file: empty it, so that a process
+        # that waited to open the store fails instead of trusting it. The
+        # next process to open the store alone builds a fresh one.
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> int | None:
+    """Return the pid of a process holding LMDB's lock, where the platform tells it."""
+    import fcntl
+
+    if sys.platform != "linux":
+        return None
+    # struct flock on Linux: short type, short whence, off_t start, off_t len, pid_t pid.
+    layout = struct.Struct("hhqqi4x")
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, layout.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    except OSError:
+        return None
+    kind, _, _, _, pid = layout.unpack(answer)
+    return int(pid) if kind != fcntl.F_UNLCK else None
