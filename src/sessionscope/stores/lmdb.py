@@ -1257,7 +1257,8 @@ class LmdbStore:
                 txn.delete(_PURGE + number, db=meta)
             return True
 
-        while not self._write(batch).result():
+        # A close stops the expirer between batches; the next call finishes the purge.
+        while not self._write(batch).result() and not self._stopping_expiry():
             pass
 
     def _remove_range(self, handle: Any, prefix: bytes) -> None:
