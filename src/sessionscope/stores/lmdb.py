@@ -1238,9 +1238,9 @@ class LmdbStore:
                     break
                 if removed >= BATCH_SESSIONS or time.monotonic() - started > BATCH_SECONDS:
                     return removed, key
-                fields = unpack(cursor.value())
-                if idle_before is None or fields[5] < idle_before:
-                    txn.put(_PURGE + _U64.pack(fields[3]), b"", db=meta)
+                record = _record_from(cursor.value())
+                if idle_before is None or record.last_update_time < idle_before:
+                    txn.put(_PURGE + _U64.pack(record.number), b"", db=meta)
                     # delete() moves to the next entry; past the last, key() is empty.
                     positioned = cursor.delete() and bool(cursor.key())
                     removed += 1
@@ -1337,7 +1337,7 @@ class LmdbStore:
         positioned = cursor.set_range(prefix)
         while positioned and cursor.key().startswith(prefix):
             key = cursor.key()
-            yield SessionRecord.from_list(unpack(cursor.value()))
+            yield _record_from(cursor.value())
             positioned = cursor.set_range(_after(key[: _parts_length(key, depth)]))
 
     def restore_session(self, copy: SessionCopy) -> Completion[bool]:
@@ -2151,3 +2151,11 @@ def _lock_holder(fd: int) -> int | None:
         return None
     kind, _, _, _, pid = layout.unpack(answer)
     return int(pid) if kind != fcntl.F_UNLCK else None
+
+
+def _record_from(value: bytes) -> SessionRecord:
+    """Return a stored session record; an unreadable one is a CorruptStoreError."""
+    try:
+        return SessionRecord.from_list(unpack(value))
+    except Exception as error:
+        raise CorruptStoreError("a session record is unreadable") from error
