@@ -1138,12 +1138,18 @@ class LmdbStore:
         each batch moves the session's marker.
         """
 
+        # The session the first batch found: one deleted and created again
+        # under the same id meanwhile is another session, left alone.
+        first: list[int] = []
+
         def batch(txn: Any) -> tuple[int, bool]:
             record = self._record(txn, app_name, user_id, session_id)
-            if record is None:
+            if record is None or (first and record.number != first[0]):
                 raise SessionNotFoundError(
                     f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
                 )
+            if not first:
+                first.append(record.number)
             number = _U64.pack(record.number)
             started = time.monotonic()
             cursor = txn.cursor(db=self._data)
