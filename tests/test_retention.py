@@ -527,6 +527,18 @@ def test_session_ttl_from_a_uri(tmp_path: Any) -> None:
         memory.close()
 
 
+def test_session_ttl_through_the_adk_service_uri(tmp_path: Any) -> None:
+    from sessionscope.adk import LmdbSessionService
+
+    service = LmdbSessionService(uri=f"lmdb://{tmp_path / 'store'}?session_ttl=3600")
+    try:
+        assert service.store.session_ttl == 3600.0  # type: ignore[attr-defined]
+        assert len(_expirer_threads()) == 1
+    finally:
+        _stores.run(service.close())
+    assert _expirer_threads() == []
+
+
 @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), "10", True])
 def test_session_ttl_must_be_positive_seconds(tmp_path: Any, ttl: Any) -> None:
     with pytest.raises(ValueError, match="session_ttl"):
