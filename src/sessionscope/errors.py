@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AlreadyExistsError",
     "CorruptStoreError",
+    "DumpError",
     "DuplicateEventError",
     "IncompatibleStoreError",
     "ReadonlyStateError",
@@ -84,3 +85,7 @@ class CorruptStoreError(StoreError):
 
 class UnsafeStoreError(StoreError):
     """The store's directory or files could be changed by someone else, or were."""
+
+
+class DumpError(SessionscopeError, ValueError):
+    """A dump is truncated, altered, of a newer format, or conflicts with the store."""

@@ -38,13 +38,16 @@ import fcntl
 import math
 import mmap
 import os
+import shutil
 import stat
 import struct
 import sys
+import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from hashlib import blake2b
 from itertools import islice
 from pathlib import Path
@@ -52,27 +55,38 @@ from typing import Any, Literal, TypeVar
 
 import lmdb
 
-from ..codec import pack, unpack
+from ..codec import decode_event, pack, unpack
 from ..errors import (
     AlreadyExistsError,
     CorruptStoreError,
     IncompatibleStoreError,
+    SessionNotFoundError,
     StoreClosedError,
     StoreError,
     UnsafeStoreError,
 )
 from .base import (
+    BATCH_EVENTS,
+    BATCH_SECONDS,
+    BATCH_SESSIONS,
     AppendRequest,
     AppendResult,
     BatchOutcome,
     Completion,
+    EventCopy,
+    Expirer,
     InlineAsyncStore,
     Items,
     LoadedSession,
     Pending,
+    SessionCopy,
     SessionRecord,
     catch_up,
     check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
     events_seen,
     finish_all,
 )
@@ -90,6 +104,8 @@ _APP, _USER = b"a", b"u"
 _EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
 _FORMAT_KEY = b"format"
 _NUMBER_KEY = b"next_number"
+# Numbers of removed sessions whose state and events are still to delete.
+_PURGE = b"purge"
 _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 # The magic number at the start of every LMDB meta page (after the page header).
@@ -234,9 +250,11 @@ class LmdbStore:
         flush_interval: float = 1.0,
         file_mode: int = 0o600,
         max_readers: int = 256,
+        session_ttl: float | None = None,
         verify: bool = False,
         trust_directory: bool = False,
     ) -> None:
+        ttl = check_ttl(session_ttl)
         map_size = _check_options(durability, map_size, flush_interval, file_mode, max_readers)
         self.path = Path(path)
         self.aio = InlineAsyncStore(self)
@@ -304,6 +322,11 @@ class LmdbStore:
                 target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
             )
             self._syncer.start()
+        # Expires idle sessions at open and then periodically, with session_ttl.
+        self.session_ttl = ttl
+        self._expirer = Expirer(self, ttl) if ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
 
     def _start_writer(self) -> None:
         self._writer = threading.Thread(
@@ -816,9 +839,30 @@ class LmdbStore:
         if start >= stop:
             return []
         cursor = txn.cursor(db=self._data)
-        if not cursor.set_key(number + _EVENT + _U64.pack(start)):
-            raise StoreError(f"event {start} of a session is missing", hint="the store is damaged")
-        return [value[8:] for value in islice(cursor.iternext(keys=False), stop - start)]
+        # Bounded by key, not by count: a truncation leaves gaps in positions.
+        if not cursor.set_range(number + _EVENT + _U64.pack(start)):
+            return []
+        end = number + _EVENT + _U64.pack(stop)
+        events: list[bytes] = []
+        for key, value in cursor.iternext():
+            if key >= end:
+                break
+            events.append(value[8:])
+        return events
+
+    def _last_events(self, txn: Any, number: bytes, n: int) -> list[bytes]:
+        """Return the last ``n`` stored values (timestamp + record) of a session, in order."""
+        cursor = txn.cursor(db=self._data)
+        prefix = number + _EVENT
+        # The first key after the session's events, then back.
+        after = _after(prefix) or prefix
+        positioned = cursor.prev() if cursor.set_range(after) else cursor.last()
+        values: list[bytes] = []
+        while positioned and len(values) < n and cursor.key().startswith(prefix):
+            values.append(cursor.value())
+            positioned = cursor.prev()
+        values.reverse()
+        return values
 
     def _events_after(
         self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
@@ -891,7 +935,12 @@ class LmdbStore:
                 return None
             number = _U64.pack(record.number)
             count = record.event_count
-            if after_timestamp is not None:
+            if record.removed_count and num_recent_events is not None:
+                # Positions have gaps after a truncation: count back from the end.
+                recent = self._last_events(txn, number, num_recent_events)
+                low = -math.inf if after_timestamp is None else after_timestamp
+                events = [v[8:] for v in recent if _F64.unpack_from(v)[0] >= low]
+            elif after_timestamp is not None:
                 events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
             elif num_recent_events is not None:
                 events = self._events(txn, number, max(0, count - num_recent_events), count)
@@ -1067,6 +1116,316 @@ class LmdbStore:
         owner = _USER + _part(app_name) + _part(user_id)
         return self._read(lambda txn: self._read_map(txn, self._shared, owner))
 
+    # -- retention and copies --------------------------------------------
+    #
+    # Removing a session deletes its record and queues its number in meta
+    # (b"purge" number); its state and events, all under that number, are
+    # then deleted in later bounded batches. A session whose record is gone
+    # is gone for every reader at once, and a purge cut short by a crash is
+    # finished by the next retention call of any process.
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``.
+
+        Oldest positions (or earliest times) go first, in bounded batches;
+        each batch moves the session's marker.
+        """
+
+        # The session the first batch found: one deleted and created again
+        # under the same id meanwhile is another session, left alone.
+        first: list[int] = []
+
+        def batch(txn: Any) -> tuple[int, bool]:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None or (first and record.number != first[0]):
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            if not first:
+                first.append(record.number)
+            number = _U64.pack(record.number)
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._data)
+            doomed: list[tuple[bytes, float]] = []  # (seq, timestamp)
+            if keep_last is not None:
+                wanted = min(record.stored_count - keep_last, BATCH_EVENTS)
+                prefix = number + _EVENT
+                if wanted > 0 and cursor.set_range(prefix):
+                    for key, value in cursor.iternext():
+                        if not key.startswith(prefix) or len(doomed) >= wanted:
+                            break
+                        doomed.append((key[9:], _F64.unpack_from(value)[0]))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            else:
+                prefix = number + _EVENT_TIME
+                end = prefix + _sortable_time(before)  # type: ignore[arg-type]
+                if cursor.set_range(prefix):
+                    for key in cursor.iternext(values=False):
+                        if key >= end or len(doomed) >= BATCH_EVENTS:
+                            break
+                        doomed.append((key[17:25], 0.0))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            if not doomed:
+                return 0, True
+            data = self._data
+            removed = 0
+            # Deleting costs more than finding: the time bound applies here too.
+            for seq, _ in doomed:
+                value = txn.get(number + _EVENT + seq, db=data)
+                timestamp = _F64.unpack_from(value)[0]
+                event_id = event_copy(value[8:], timestamp).event_id
+                txn.delete(number + _EVENT + seq, db=data)
+                txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
+                txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
+                removed += 1
+                if time.monotonic() - started > BATCH_SECONDS:
+                    break
+            record.removed_count += removed
+            self._put_record(txn, record)
+            return removed, False
+
+        total = 0
+        try:
+            while True:
+                removed, finished = self._write(batch).result()
+                total += removed
+                if finished:
+                    return Completion.done(total)
+        except SessionNotFoundError as error:
+            # Deleted between two batches: what was removed stays removed.
+            return Completion.done(total) if total else Completion.failed(error)
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``, in batches."""
+        prefix = b"" if app_name is None else _part(app_name)
+        return Completion.done(self._remove_sessions(prefix, idle_before))
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user, then the user's state map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app + _part(user_id), None)
+        self._remove_range(self._shared, _USER + app + _part(user_id))
+        return Completion.done(removed)
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session of an app, then its user maps and its app map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app, None)
+        self._remove_range(self._shared, _USER + app)
+        self._remove_range(self._shared, _APP + app)
+        return Completion.done(removed)
+
+    def _remove_sessions(self, prefix: bytes, idle_before: float | None) -> int:
+        """Remove the sessions under a key prefix (idle ones only, with a cutoff).
+
+        Each batch re-reads every record it removes inside its own
+        transaction: a session appended to after the scan began is judged on
+        its new time. Return how many went.
+        """
+
+        def batch(txn: Any, *, resume: bytes) -> tuple[int, bytes | None]:
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._sessions)
+            meta = self._dbs[b"meta"]
+            removed = 0
+            positioned = cursor.set_range(resume)
+            while positioned:
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                if removed >= BATCH_SESSIONS or time.monotonic() - started > BATCH_SECONDS:
+                    return removed, key
+                record = _record_from(cursor.value())
+                if idle_before is None or record.last_update_time < idle_before:
+                    txn.put(_PURGE + _U64.pack(record.number), b"", db=meta)
+                    # delete() moves to the next entry; past the last, key() is empty.
+                    positioned = cursor.delete() and bool(cursor.key())
+                    removed += 1
+                else:
+                    positioned = cursor.next()
+            return removed, None
+
+        total = 0
+        resume: bytes | None = prefix
+        while resume is not None and not self._stopping_expiry():
+            removed, resume = self._write(partial(batch, resume=resume)).result()
+            total += removed
+            self._purge()
+        self._purge()
+        return total
+
+    def _purge(self) -> None:
+        """Delete the state and events of removed sessions, in bounded batches."""
+        meta = self._dbs[b"meta"]
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            queue = txn.cursor(db=meta)
+            cursor = txn.cursor(db=self._data)
+            deleted = 0
+            while queue.set_range(_PURGE) and queue.key().startswith(_PURGE):
+                number = queue.key()[len(_PURGE) :]
+                if cursor.set_range(number):
+                    while cursor.key().startswith(number):
+                        if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                            return False
+                        cursor.delete()
+                        deleted += 1
+                txn.delete(_PURGE + number, db=meta)
+            return True
+
+        # A close stops the expirer between batches; the next call finishes the purge.
+        while not self._write(batch).result() and not self._stopping_expiry():
+            pass
+
+    def _remove_range(self, handle: Any, prefix: bytes) -> None:
+        """Delete every entry under a key prefix, in bounded batches."""
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            cursor = txn.cursor(db=handle)
+            deleted = 0
+            if cursor.set_range(prefix):
+                while cursor.key().startswith(prefix):
+                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                        return False
+                    cursor.delete()
+                    deleted += 1
+            return True
+
+        while not self._write(batch).result():
+            pass
+
+    def _stopping_expiry(self) -> bool:
+        return self._expirer is not None and self._expirer.stopping
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted.
+
+        An app whose id is over 150 bytes is keyed by a digest: it is listed
+        through its sessions, not through its state alone.
+        """
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.app_name for record in self._first_records(txn, b"", 1)}
+            for tag in (_APP, _USER):
+                names.update(_raw_names(txn.cursor(db=self._shared), tag, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted.
+
+        A user whose id is over 150 bytes is listed through its sessions only.
+        """
+        app = _part(app_name)
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.user_id for record in self._first_records(txn, app, 2)}
+            names.update(_raw_names(txn.cursor(db=self._shared), _USER + app, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def _first_records(self, txn: Any, prefix: bytes, depth: int) -> Iterator[SessionRecord]:
+        """Yield one session record per distinct id ``depth`` parts deep under ``prefix``."""
+        cursor = txn.cursor(db=self._sessions)
+        positioned = cursor.set_range(prefix)
+        while positioned and cursor.key().startswith(prefix):
+            key = cursor.key()
+            yield _record_from(cursor.value())
+            positioned = cursor.set_range(_after(key[: _parts_length(key, depth)]))
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given, in one transaction; False when already equal."""
+        check_copy(copy)
+        entries = [
+            (
+                _U64.pack(seq),
+                _F64.pack(event.timestamp) + event.record,
+                _unique_part(event.event_id),
+                _sortable_time(event.timestamp),
+            )
+            for seq, event in enumerate(copy.events)
+        ]
+
+        def restore(txn: Any) -> bool:
+            found = self._record(txn, copy.app_name, copy.user_id, copy.session_id)
+            if found is not None:
+                if copies_equal(self._session_copy(txn, found), copy):
+                    return False
+                raise AlreadyExistsError(
+                    f"session {copy.session_id!r} already exists with other content"
+                )
+            meta = self._dbs[b"meta"]
+            (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
+            last = copy.events[-1].event_id if copy.events else None
+            record = SessionRecord(
+                copy.app_name,
+                copy.user_id,
+                copy.session_id,
+                number,
+                copy.create_time,
+                copy.last_update_time,
+                len(copy.events),
+                last,
+            )
+            self._put_record(txn, record)
+            owner = _U64.pack(number)
+            self._put_items(txn, self._data, owner + _STATE, copy.session_items)
+            puts: list[tuple[bytes, bytes]] = []
+            for seq, value, id_part, stamp in entries:
+                puts.append((owner + _EVENT + seq, value))
+                puts.append((owner + _EVENT_ID + id_part, seq))
+                puts.append((owner + _EVENT_TIME + stamp + seq, b""))
+            if puts:
+                txn.cursor(db=self._data).putmulti(puts)
+            return True
+
+        return self._write(restore)
+
+    def _session_copy(self, txn: Any, record: SessionRecord) -> SessionCopy:
+        """Return what the store holds of a session, as a copy."""
+        number = _U64.pack(record.number)
+        cursor = txn.cursor(db=self._data)
+        events: list[EventCopy] = []
+        prefix = number + _EVENT
+        if cursor.set_range(prefix):
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                events.append(event_copy(value[8:], _F64.unpack_from(value)[0]))
+        return SessionCopy(
+            record.app_name,
+            record.user_id,
+            record.session_id,
+            record.create_time,
+            record.last_update_time,
+            _item_entries_of(self._read_map(txn, self._data, number + _STATE)),
+            events,
+        )
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        owner = _APP + _part(app_name)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        owner = _USER + _part(app_name) + _part(user_id)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
     def flush(self) -> Completion[None]:
         """Make every acknowledged write durable."""
         self._check_open()
@@ -1092,6 +1451,8 @@ class LmdbStore:
         if self._pid != _process_pid:
             self._closed = True
             return
+        if self._expirer is not None:
+            self._expirer.stop()
         # Closed first, so that nothing is queued after the writer's last pass...
         with self._admit:
             self._closed = True
@@ -1153,6 +1514,224 @@ class LmdbStore:
             }
 
         return self._read(gather)
+
+    # -- operations: listing, checking, measuring and copying -------------
+    #
+    # What the command line needs beyond the Store protocol. None of it is on
+    # the path of a session call; each reads in one transaction.
+
+    def check_layout(self, progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """Return the problems of the key layout; an empty list when it is sound.
+
+        Every session record sits under the key of its own ids and has a
+        number of its own below the counter; every event entry belongs to a
+        record and lies below its count, and the number of them is the
+        record's; every event has an id index entry and a time index entry
+        pointing back at it, and every index entry points at an event that
+        has that id or time; no data lies under a number without a record.
+        ``progress(done, total)`` is called as records are checked.
+        """
+
+        def check(txn: Any) -> list[str]:
+            problems: list[str] = []
+            records: dict[bytes, SessionRecord] = {}
+            meta = self._dbs[b"meta"]
+            (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            for key, value in txn.cursor(db=self._sessions):
+                record = SessionRecord.from_list(unpack(value))
+                label = _label(record)
+                ids = (record.app_name, record.user_id, record.session_id)
+                if key != b"".join(_part(text) for text in ids):
+                    problems.append(f"{label}: its record is stored under another session's key")
+                number = _U64.pack(record.number)
+                if number in records:
+                    problems.append(f"{label}: shares number {record.number} with another session")
+                if record.number >= next_number:
+                    problems.append(f"{label}: number {record.number} is not below the counter")
+                records[number] = record
+            # Numbers queued for purging lost their record on purpose.
+            purging: set[bytes] = set()
+            queue = txn.cursor(db=meta)
+            if queue.set_range(_PURGE):
+                for key in queue.iternext(values=False):
+                    if not key.startswith(_PURGE):
+                        break
+                    purging.add(key[len(_PURGE) :])
+            total = len(records)
+            done = 0
+            cursor = txn.cursor(db=self._data)
+            seen: set[bytes] = set()
+            group: list[tuple[bytes, bytes]] = []
+            current = b""
+            for key, value in cursor:
+                if key[:8] != current and group:
+                    done += 1
+                    if current not in purging:
+                        self._check_group(current, group, records.get(current), problems)
+                    seen.add(current)
+                    group = []
+                    if progress is not None:
+                        progress(done, total)
+                current = key[:8]
+                group.append((key, value))
+            if group and current not in purging:
+                self._check_group(current, group, records.get(current), problems)
+                seen.add(current)
+            for number, record in records.items():
+                if number not in seen and record.stored_count:
+                    problems.append(
+                        f"{_label(record)}: counts {record.stored_count} events, stores none"
+                    )
+            if progress is not None:
+                progress(total, total)
+            return problems
+
+        return self._read(check)
+
+    @staticmethod
+    def _check_group(
+        number: bytes,
+        entries: list[tuple[bytes, bytes]],
+        record: SessionRecord | None,
+        problems: list[str],
+    ) -> None:
+        """Check the data entries of one session number against its record."""
+        if record is None:
+            problems.append(
+                f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
+                "session record (orphaned)"
+            )
+            return
+        label = _label(record)
+        events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
+        ids: dict[bytes, bytes] = {}
+        times: set[bytes] = set()
+        for key, value in entries:
+            kind = key[8:9]
+            if kind == _EVENT:
+                seq = key[9:17]
+                try:
+                    event_id = decode_event(value[8:])["id"]
+                except Exception as error:  # any undecodable record is a finding
+                    position = _U64.unpack(seq)[0]
+                    problems.append(f"{label}: event {position} does not decode: {error}")
+                    continue
+                events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
+            elif kind == _EVENT_ID:
+                ids[key[9:]] = value
+            elif kind == _EVENT_TIME:
+                times.add(key[9:])
+            elif kind != _STATE:
+                problems.append(f"{label}: an entry of unknown kind {kind!r}")
+        counted = record.stored_count
+        if len(events) != counted:
+            problems.append(f"{label}: counts {counted} events, stores {len(events)}")
+        for seq, (stamp, id_part) in events.items():
+            position = _U64.unpack(seq)[0]
+            if position >= record.event_count:
+                problems.append(f"{label}: event {position} lies past the record's count")
+            if ids.get(id_part) != seq:
+                problems.append(f"{label}: event {position} is missing from the id index")
+            if stamp + seq not in times:
+                problems.append(f"{label}: event {position} is missing from the time index")
+        for id_part, seq in ids.items():
+            if seq not in events or events[seq][1] != id_part:
+                problems.append(f"{label}: an id index entry points at no event with that id")
+        for entry in times:
+            known = events.get(entry[8:])
+            if known is None or known[0] != entry[:8]:
+                problems.append(f"{label}: a time index entry points at no event of that time")
+        last = events.get(_U64.pack(record.event_count - 1)) if record.event_count else None
+        if last is not None and last[1] != _unique_part(record.last_event_id or ""):
+            problems.append(f"{label}: the record's last event id is not its last event's")
+
+    def space(self) -> dict[str, int]:
+        """Return the file's size and how its pages are used.
+
+        ``free_pages`` counts the pages up to the last one in use that no
+        database holds: LMDB's free list (pages released by deletes and by
+        copy-on-write, which later writes reuse before the file grows) and
+        the pages of the list itself. A compaction leaves none.
+        """
+
+        def gather(txn: Any) -> dict[str, int]:
+            info = self._env.info()
+            main = self._env.stat()
+            used = _pages(main) + sum(_pages(txn.stat(self._dbs[name])) for name in _DB_NAMES)
+            pages = info["last_pgno"] + 1
+            return {
+                "file_size": (self.path / "data.mdb").stat().st_size,
+                "map_size": info["map_size"],
+                "page_size": main["psize"],
+                "pages": pages,
+                "pages_used": used,
+                # Pages 0 and 1 are LMDB's two meta pages.
+                "free_pages": max(0, pages - 2 - used),
+                "readers": info["num_readers"],
+            }
+
+        return self._read(gather)
+
+    def copy_to(self, dest: str | os.PathLike[str]) -> None:
+        """Write a consistent, compacted copy of the store into the empty directory ``dest``.
+
+        The copy is of one read snapshot, so writers in this or other
+        processes go on meanwhile; it holds no free pages.
+        """
+        target = Path(dest)
+        mode = (self.path / "data.mdb").stat().st_mode & 0o777
+        try:
+            with self._gate:
+                txn = self._begin()
+                try:
+                    self._env.copy(str(target), compact=True, txn=txn)
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure("copying the store", error) from error
+        copy = target / "data.mdb"
+        os.chmod(copy, mode)
+        _fsync(copy)
+
+    @classmethod
+    def compact(
+        cls, path: str | os.PathLike[str], check: Callable[[Path], None]
+    ) -> tuple[int, int]:
+        """Rewrite a store no process has open without free pages; return sizes before, after.
+
+        The store is copied with compaction into a sibling directory, the
+        copy is checked with ``check(directory)`` (which raises to refuse it),
+        and its file then replaces ``data.mdb`` by one rename: at every moment
+        the path holds the old file or the new one, whole. Meanwhile LMDB's
+        lock on ``lock.mdb`` is held exclusively, so no process opens the
+        store; one that waited for it meets an emptied lock file and fails to
+        open rather than read the new file with the old file's reader table.
+        """
+        root = Path(path)
+        data = root / "data.mdb"
+        if not data.is_file():
+            raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
+        cls._probe(root)
+        with _sole_user(root):
+            before = data.stat().st_size
+            temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
+            try:
+                env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+                try:
+                    env.copy(str(temp), compact=True)
+                finally:
+                    env.close()
+                copy = temp / "data.mdb"
+                os.chmod(copy, data.stat().st_mode & 0o777)
+                _fsync(copy)
+                check(temp)
+                os.replace(copy, data)
+                _fsync(root)
+            except lmdb.Error as error:
+                raise _lmdb_failure("compacting the store", error) from error
+            finally:
+                shutil.rmtree(temp, ignore_errors=True)
+            return before, data.stat().st_size
 
 
 class _PartialBatch(Exception):
@@ -1463,3 +2042,126 @@ def _check_format(path: Path, header: bytes | None) -> None:
             f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
             hint="upgrade sessionscope",
         )
+
+
+def _after(prefix: bytes) -> bytes | None:
+    """Return the first key past every key that starts with ``prefix`` (None: no such key)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _part_length(key: bytes, start: int) -> int:
+    """Return the length of the id part at ``start`` of a key."""
+    if key[start : start + 2] == _DIGEST_MARK:
+        return 2 + 32
+    return 2 + int.from_bytes(key[start : start + 2], "big")
+
+
+def _parts_length(key: bytes, depth: int) -> int:
+    """Return how many bytes the first ``depth`` id parts of a key take."""
+    end = 0
+    for _ in range(depth):
+        end += _part_length(key, end)
+    return end
+
+
+def _raw_names(cursor: Any, prefix: bytes, depth: int) -> Iterator[str]:
+    """Yield each distinct id found ``depth`` parts after ``prefix`` (ids kept raw only)."""
+    start = len(prefix)
+    positioned = cursor.set_range(prefix)
+    while positioned and cursor.key().startswith(prefix):
+        key = cursor.key()
+        offset = start + _parts_length(key[start:], depth - 1)
+        length = _part_length(key, offset)
+        if key[offset : offset + 2] != _DIGEST_MARK:
+            yield key[offset + 2 : offset + length].decode()
+        following = _after(key[: offset + length])
+        positioned = following is not None and cursor.set_range(following)
+
+
+def _item_entries_of(values: dict[str, Any]) -> Items:
+    """Return state items (key, packed value) of a decoded map."""
+    return [(key, pack(value)) for key, value in values.items()]
+
+
+# -- helpers of the operations section ------------------------------------------
+
+
+def _label(record: SessionRecord) -> str:
+    return f"session {record.app_name}/{record.user_id}/{record.session_id}"
+
+
+def _pages(stat: Any) -> int:
+    return int(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
+
+
+def _fsync(path: Path) -> None:
+    """Make a file, or a directory's entries, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _sole_user(path: Path) -> Iterator[None]:
+    """Hold LMDB's lock on a store exclusively, or refuse: another process has it open.
+
+    Every process with the store open holds a shared fcntl lock on the first
+    byte of ``lock.mdb`` for as long as it keeps it open, and a process
+    opening it first tries the exclusive lock and then waits for the shared
+    one. So taking the exclusive lock both proves that no process has the
+    store open and keeps any from opening it until this one is done.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        raise StoreError(
+            "compacting needs POSIX file locks", hint="copy the store with backup instead"
+        ) from None
+    mode = (path / "data.mdb").stat().st_mode & 0o666
+    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:
+            holder = _lock_holder(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise StoreError(
+                f"{path} is open in another process{who}",
+                hint="close every process that uses the store, then compact it",
+            ) from None
+        yield
+        # The lock table describes the old file: empty it, so that a process
+        # that waited to open the store fails instead of trusting it. The
+        # next process to open the store alone builds a fresh one.
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> int | None:
+    """Return the pid of a process holding LMDB's lock, where the platform tells it."""
+    import fcntl
+
+    if sys.platform != "linux":
+        return None
+    # struct flock on Linux: short type, short whence, off_t start, off_t len, pid_t pid.
+    layout = struct.Struct("hhqqi4x")
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, layout.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    except OSError:
+        return None
+    kind, _, _, _, pid = layout.unpack(answer)
+    return int(pid) if kind != fcntl.F_UNLCK else None
+
+
+def _record_from(value: bytes) -> SessionRecord:
+    """Return a stored session record; an unreadable one is a CorruptStoreError."""
+    try:
+        return SessionRecord.from_list(unpack(value))
+    except Exception as error:
+        raise CorruptStoreError("a session record is unreadable") from error
