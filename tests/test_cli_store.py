@@ -287,6 +287,28 @@ def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> No
             stop(child)
 
 
+@pytest.mark.slow
+def test_tail_follow_ends_when_the_session_is_deleted(store_path: Path) -> None:
+    args = ["tail", uri_of(store_path), "shop", "user-1", "s0", "--follow", "--last", "1"]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", *args, "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        # The last event printed: the command has read the session and polls.
+        assert "hello 2" in Lines(tail.stdout).take()  # type: ignore[arg-type]
+        with SyncSessionService(LmdbStore(store_path)) as svc:
+            svc.delete_session(app_name="shop", user_id="user-1", session_id="s0")
+        assert tail.wait(timeout=30) == 1
+        assert tail.stderr is not None
+        assert tail.stderr.read() == "sessionscope tail: the session was deleted\n"
+    finally:
+        stop(tail)
+
+
 # -- stats -------------------------------------------------------------------------
 
 

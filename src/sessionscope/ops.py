@@ -1,10 +1,9 @@
 """Operations on a whole store: open one that exists, list, describe, measure, check, copy.
 
 What the command line runs, kept apart from how it prints. Everything here
-goes through the Store protocol, and through an LMDB store's own
-operations (``list_apps``, ``check_layout``, ``space``, ``copy_to``,
-``compact``, ``verify``) only where the question
-is about its file.
+goes through the Store protocol, and through an LMDB store's own operations
+(``verify``, ``check_layout``, ``space``, ``copy_to``, ``compact``) only
+where the question is about its file.
 """
 
 from __future__ import annotations
