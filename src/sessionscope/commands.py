@@ -529,8 +529,14 @@ def _counts(value: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(value).items() if not k.startswith("_")}
 
 
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.3f}"
+
+
 def _counts_text(title: str, fields: dict[str, Any]) -> str:
-    rows = [[name, f"{v:,}" if isinstance(v, int) else str(v)] for name, v in fields.items()]
+    rows = [[name.replace("_", " "), _number(v)] for name, v in fields.items()]
     return render_table([title, Column("", True)], rows)
 
 
