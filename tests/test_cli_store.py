@@ -634,6 +634,37 @@ def test_an_altered_or_truncated_dump_changes_nothing(store_path: Path, tmp_path
     assert "does not exist" in done.stderr
 
 
+@pytest.mark.slow
+def test_an_import_killed_midway_completes_when_run_again(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    with SyncSessionService(LmdbStore(source, durability="deferred")) as svc:
+        for n in range(300):
+            session = svc.create_session(app_name="app", user_id=f"u{n % 7}", session_id=f"s{n}")
+            for i in range(5):
+                svc.append_event(session, Event(author="a", content={"text": f"{n}-{i}"}))
+    dump = tmp_path / "all.dump"
+    assert run("export", uri_of(source), str(dump)).returncode == 0
+    target = tmp_path / "target"
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", "import", uri_of(target), str(dump)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=child_env(),
+    )
+    deadline = time.monotonic() + 30
+    while not (target / "data.mdb").exists() and importing.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.kill(importing.pid, signal.SIGKILL)
+    importing.wait(timeout=30)
+    # Whatever the kill cut short, each session went in whole or not at all.
+    if (target / "data.mdb").exists():
+        assert run("verify", uri_of(target)).returncode == 0
+    done = run("import", uri_of(target), str(dump))
+    assert done.returncode == 0, done.stderr
+    assert event_ids(target) == event_ids(source)
+
+
 # -- progress ----------------------------------------------------------------------
 
 
