@@ -339,6 +339,19 @@ def hold_write_lock(path: str, release: str, seconds: str) -> None:
     env.close()
 
 
+def foreign_open(path: str) -> None:
+    """Keep another application's LMDB database open (not a store) until stdin closes."""
+    import lmdb
+
+    env = lmdb.open(path, max_dbs=4)
+    other = env.open_db(b"other")
+    with env.begin(write=True) as txn:
+        txn.put(b"key", b"value", db=other)
+    _say("open")
+    sys.stdin.readline()
+    env.close()
+
+
 def refused_growth(path: str) -> None:
     """Fill a store near its map, then forbid the address space to grow it; report."""
     import resource
@@ -378,6 +391,7 @@ COMMANDS = {
     "grow_until_told": grow_until_told,
     "hold_write_lock": hold_write_lock,
     "refused_growth": refused_growth,
+    "foreign_open": foreign_open,
     "dump": dump,
     "kill_append": kill_append,
     "concurrent": concurrent,

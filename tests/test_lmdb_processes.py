@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from _stores import APP, USER, ev
+from _stores import APP, USER, ev, snapshot_dir
 from sessionscope import LmdbStore, SessionService, SyncSessionService
-from sessionscope.errors import StoreError
+from sessionscope.errors import IncompatibleStoreError, StoreError
 from test_processes import Child, children
 
 pytestmark = pytest.mark.slow
@@ -120,6 +120,16 @@ def test_opening_while_another_process_grows_the_map_always_works(tmp_path: Path
     assert report["failed"] == 0, report
     assert report["opened"] > 0
     assert grown["map_size"] > 64 << 20
+
+
+def test_a_foreign_database_in_use_is_refused_and_its_data_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "foreign"
+    with children(tmp_path, ("foreign_open", str(path)), stdin=True) as (other,):
+        assert other.readline() == "open", other.stderr()
+        before = snapshot_dir(path / "data.mdb")
+        with pytest.raises(IncompatibleStoreError, match="another LMDB database"):
+            LmdbStore(path)
+        assert snapshot_dir(path / "data.mdb") == before
 
 
 # Item 6: a growth the OS refuses

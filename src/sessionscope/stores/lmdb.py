@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lmdb
-import lmdb.verify as lmdb_verify
 
 from ..codec import decode_event, pack, unpack
 from ..errors import (
@@ -270,8 +269,11 @@ class LmdbStore:
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
-        self._check_files(trust_directory)
-        self._probe(self.path, verify)
+        try:
+            self._check_files(trust_directory)
+            self._probe(self.path, verify)
+        except OSError as error:  # a directory that cannot be listed or read
+            raise _open_failure(self.path, error) from error
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
             try:
@@ -460,16 +462,16 @@ class LmdbStore:
         # is only trusted when a second and third read agree.
         for attempt in range(3):
             try:
-                LmdbStore._read_format(path, lock=False)
+                LmdbStore._read_format(path)
                 return
             except (IncompatibleStoreError, lmdb.Error):
                 if attempt == 2:
                     raise
 
     @staticmethod
-    def _read_format(path: Path, lock: bool) -> None:
+    def _read_format(path: Path) -> None:
         try:
-            env = _open_adopting(str(path), readonly=True, lock=lock, max_dbs=len(_DB_NAMES) + 2)
+            env = _open_adopting(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
         except lmdb.InvalidError as error:
             raise IncompatibleStoreError(
                 f"{path} does not hold an LMDB store", hint="pick an empty directory"
@@ -477,9 +479,6 @@ class LmdbStore:
         except (lmdb.Error, OSError) as error:
             raise _open_failure(path, error) from error
         try:
-            if lock:
-                with contextlib.suppress(lmdb.Error):
-                    env.reader_check()
             txn = _begin_adopting(env)
             try:
                 names = [key for key, _ in txn.cursor()]
@@ -567,9 +566,18 @@ class LmdbStore:
             self._gate.__enter__()
 
     def _adopt_if_open(self) -> None:
-        if not self._released:
+        if self._released:
+            return
+        try:
             self._env.set_mapsize(0)
-            self._map_size = self._env.info()["map_size"]
+        except (lmdb.Error, OverflowError) as error:
+            # LMDB dropped the map: map the file again, if the OS allows it.
+            self._reopen(self._map_size)
+            raise StoreError(
+                f"adopting the map another process grew for {self.path} failed: {error}",
+                hint="the OS refused the address space (ulimit -v, overcommit settings)",
+            ) from error
+        self._map_size = self._env.info()["map_size"]
 
     def _grow(self, seen: int) -> None:
         """Double the map after a transaction that saw ``seen`` bytes of it ran out.
@@ -607,8 +615,11 @@ class LmdbStore:
                 self._dbs = {
                     name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
                 }
-        except BaseException:
+        except BaseException as error:
+            # The store cannot be used again; say so to every later call.
             self._released = self._closed = True
+            if isinstance(error, lmdb.Error):
+                raise _lmdb_failure(f"mapping {self.path} again", error) from error
             raise
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
@@ -780,7 +791,13 @@ class LmdbStore:
         data = txn.get(_part(app_name) + _part(user_id) + _part(session_id), db=self._sessions)
         if data is None:
             return None
-        record = SessionRecord.from_list(unpack(data))
+        try:
+            record = SessionRecord.from_list(unpack(data))
+        except Exception as error:
+            raise CorruptStoreError(
+                f"the record of session {session_id!r} of user {user_id!r} in app "
+                f"{app_name!r} is unreadable"
+            ) from error
         if (record.app_name, record.user_id, record.session_id) != (app_name, user_id, session_id):
             raise StoreError("two session ids share a digest", hint="report this as a bug")
         return record
@@ -1916,11 +1933,21 @@ def _check_meta(data: Path) -> None:
 
     Cheap (two small reads), so it runs at every open: LMDB maps the file
     and trusts these numbers, and a page past the end of the file is a
-    SIGBUS, not an error.
+    SIGBUS, not an error. Another process may commit while the pages are
+    read: a refusal stands only when three reads agree.
     """
+    for attempt in range(3):
+        try:
+            _read_meta(data)
+            return
+        except CorruptStoreError:
+            if attempt == 2:
+                raise
+
+
+def _read_meta(data: Path) -> None:
     try:
         with open(data, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
             first = file.read(_PAGE_HEADER + _META.size)
             if len(first) < _PAGE_HEADER + _META.size:
                 raise CorruptStoreError(f"{data} is too short to hold its meta pages")
@@ -1929,12 +1956,13 @@ def _check_meta(data: Path) -> None:
                 raise CorruptStoreError(f"{data} records an impossible page size {page_size}")
             file.seek(page_size)
             second = file.read(_PAGE_HEADER + _META.size)
+            # After the meta pages: a commit writes its pages before its meta
+            # page, and the file only grows, so this size covers what they say.
+            size = os.fstat(file.fileno()).st_size
     except OSError as error:
         raise _open_failure(data.parent, error) from error
     if len(second) < _PAGE_HEADER + _META.size:
-        raise CorruptStoreError(
-            f"{data} is {size} bytes, too short to hold its second meta page",
-        )
+        raise CorruptStoreError(f"{data} is {size} bytes, too short to hold its second meta page")
     metas = []
     for page in (first, second):
         magic, _, _, _, free_db, main_db, last_page, txn_id = _META.unpack_from(page, _PAGE_HEADER)
@@ -1960,6 +1988,9 @@ def _check_meta(data: Path) -> None:
 
 def _verify_file(data: Path) -> None:
     """Check every page of a data file without handing it to LMDB; raise CorruptStoreError."""
+    # Imported here: only a check needs it.
+    import lmdb.verify as lmdb_verify
+
     try:
         problems: list[str] = lmdb_verify.verify(str(data), subdir=False)  # type: ignore[no-untyped-call]
     except lmdb_verify.VerifyError as error:
