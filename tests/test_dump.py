@@ -11,7 +11,7 @@ import pytest
 
 import _stores
 from _stores import STORE_KINDS, StoreFactory, ev
-from sessionscope import SyncSessionService, codec
+from sessionscope import LmdbStore, SyncSessionService, codec
 from sessionscope.dump import DUMP_FORMAT, MAGIC, DumpCounts, export_dump, import_dump, read_copy
 from sessionscope.errors import DumpError, SessionscopeError
 
@@ -106,6 +106,8 @@ def test_round_trip_is_exact(
         assert import_dump(target, out) == EXPECTED_COUNTS
         expected = snapshot(source)
         assert snapshot(target) == expected
+        if isinstance(target, LmdbStore):
+            assert target.check_layout() == []
         assert expected["shop"][1]["ada"][1]["empty"][3] == []
         assert [e[1] for e in expected["shop"][1]["ada"][1]["busy"][3]] == [
             30.5,
@@ -307,3 +309,81 @@ def test_a_dump_that_conflicts_with_the_store_writes_nothing(
     svc.append_event(clash, ev(ts=time.time(), delta={"mine": 1}))
     _refused(target, good_dump, "other content")
     assert target.read_app_state("shop") == {}
+
+
+# -- the store write path that takes given times ---------------------------
+
+
+def test_restore_session_writes_exactly_what_it_is_given(store_factory: StoreFactory) -> None:
+    from sessionscope.errors import AlreadyExistsError
+    from sessionscope.model import Event as NativeEvent
+    from sessionscope.service import NativeModel
+    from sessionscope.stores.base import EventCopy, SessionCopy
+
+    store = store_factory()
+    model = NativeModel()
+    events = [
+        NativeEvent(id=f"e{i}", author="a", timestamp=stamp, content={"b": bytes([i])})
+        for i, stamp in enumerate([3.5, 1.25, 2.0])
+    ]
+    copy = SessionCopy(
+        "app",
+        "user",
+        "restored",
+        100.0,
+        200.5,
+        [("k", codec.pack({"nested": [b"\x00", 1.0]}))],
+        [EventCopy(e.id, e.timestamp, model.encode_event(e)) for e in events],
+    )
+    assert store.restore_session(copy).result() is True
+    loaded = store.load_session("app", "user", "restored", None, None)
+    assert loaded is not None
+    assert (loaded.record.create_time, loaded.record.last_update_time) == (100.0, 200.5)
+    assert loaded.record.stored_count == 3 and loaded.record.last_event_id == "e2"
+    assert loaded.session_state == {"k": {"nested": [b"\x00", 1.0]}}
+    assert model.decode_events(loaded.events) == events
+    recent = store.load_session("app", "user", "restored", 2, 2.0)
+    assert recent is not None and model.decode_events(recent.events) == [events[2]]
+    # Equal again: nothing written, not even the marker.
+    assert store.restore_session(copy).result() is False
+    again = store.load_session("app", "user", "restored", None, None)
+    assert again is not None and again.record.marker == loaded.record.marker
+    # Different: refused, the stored one kept.
+    different = SessionCopy(
+        copy.app_name,
+        copy.user_id,
+        copy.session_id,
+        copy.create_time,
+        201.0,
+        copy.session_items,
+        copy.events,
+    )
+    with pytest.raises(AlreadyExistsError):
+        store.restore_session(different).result()
+    with pytest.raises(ValueError, match="twice"):
+        store.restore_session(
+            SessionCopy("app", "user", "dup", 1.0, 1.0, [], [copy.events[0], copy.events[0]])
+        ).result()
+    assert store.load_session("app", "user", "dup", None, None) is None
+    # A restored session takes appends like any other.
+    svc = SyncSessionService(store)
+    live = svc.get_session(app_name="app", user_id="user", session_id="restored")
+    assert live is not None
+    svc.append_event(live, ev(ts=300.0, delta={"after": 1}))
+    assert [e.id for e in live.events][:3] == ["e0", "e1", "e2"]
+    # A session without events keeps its two times.
+    empty = SessionCopy("app", "other", "empty", 5.0, 6.0)
+    assert store.restore_session(empty).result() is True
+    record = store.list_sessions("app", "other")[0]
+    assert (record.create_time, record.last_update_time, record.stored_count) == (5.0, 6.0, 0)
+
+
+def test_writing_app_and_user_state_sets_only_the_keys_given(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    store.write_app_state("app", [("a", codec.pack(1)), ("b", codec.pack(b"x"))]).result()
+    store.write_app_state("app", [("b", codec.pack([2]))]).result()
+    store.write_user_state("app", "ada", [("u", codec.pack(None))]).result()
+    assert store.read_app_state("app") == {"a": 1, "b": [2]}
+    assert store.read_user_state("app", "ada") == {"u": None}
+    assert store.list_apps() == ["app"]
+    assert store.list_users("app") == ["ada"]

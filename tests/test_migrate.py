@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from google.genai import types
 import _stores
 from _adk_helpers import realistic_event, rich_event
 from _stores import StoreFactory
+from sessionscope import LmdbStore
 from sessionscope.adk import _AdkService
 from sessionscope.migrate import MigrationReport, migrate_from_adk
 
@@ -312,3 +316,57 @@ def test_bad_arguments(store_factory: StoreFactory) -> None:
     with pytest.raises(ValueError, match="app_name"):
         migrate_from_adk("sqlite:///x.db", store, app_name="")
     assert store.list_apps() == []
+
+
+# Each session's progress is printed once it is stored; the pause leaves the
+# parent time to kill the child midway.
+_CHILD = """
+import sys
+import time
+from sessionscope import LmdbStore
+from sessionscope.migrate import migrate_from_adk
+
+def say(records):
+    print(records, flush=True)
+    time.sleep(0.1)
+
+migrate_from_adk(sys.argv[1], LmdbStore(sys.argv[2]), progress=say)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_migration_killed_midway_resumes(
+    adk_sources: dict[str, tuple[Path, int]], tmp_path: Path
+) -> None:
+    url = _source(adk_sources, "database", tmp_path)
+    target = tmp_path / "store"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, url, str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=_stores.child_env(),
+    )
+    try:
+        assert child.stdout is not None
+        reported = [child.stdout.readline() for _ in range(4)]
+        assert all(line.strip().isdigit() for line in reported)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+    store = LmdbStore(target)
+    try:
+        already = sum(len(store.list_sessions(app, None)) for app in APPS)
+        assert 4 <= already < TOTAL_SESSIONS
+        report = migrate_from_adk(url, store)
+        assert report.skipped == already
+        assert report.copied == TOTAL_SESSIONS - already
+        assert report.differences == []
+        assert asyncio.run(_compare_all(url, store)) == TOTAL_SESSIONS
+    finally:
+        store.close()

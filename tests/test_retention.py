@@ -260,6 +260,33 @@ def test_async_truncate(store_factory: StoreFactory) -> None:
     _stores.run(scenario())
 
 
+def test_the_adk_services_truncate_and_raise_adk_errors(store_factory: StoreFactory) -> None:
+    from google.adk.errors.session_not_found_error import (
+        SessionNotFoundError as AdkSessionNotFoundError,
+    )
+    from google.adk.events import Event as AdkEvent
+
+    from sessionscope.adk import _AdkService
+
+    async def scenario() -> None:
+        service = _AdkService(store_factory())
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+        for stamp in (1.0, 2.0, 3.0):
+            await service.append_event(session, AdkEvent(author="a", timestamp=stamp))
+        assert (
+            await service.truncate_events(app_name=APP, user_id=USER, session_id="s", before=2.5)
+            == 2
+        )
+        got = await service.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None and [e.timestamp for e in got.events] == [3.0]
+        with pytest.raises(AdkSessionNotFoundError):
+            await service.truncate_events(app_name=APP, user_id=USER, session_id="x", keep_last=0)
+        assert await service.delete_user(app_name=APP, user_id=USER) == 1
+        assert await service.expire_sessions(idle_for=0) == 0
+
+    _stores.run(scenario())
+
+
 # -- expire_sessions -----------------------------------------------------
 
 
@@ -593,3 +620,24 @@ def test_closing_while_the_expirer_runs(lmdb_factory: StoreFactory) -> None:
     for meta in SyncSessionService(again).list_sessions(app_name=APP).sessions:
         session = again.load_session(APP, meta.user_id, meta.id, None, None)
         assert session is not None and len(session.events) == 1
+
+
+def test_lmdb_layout_is_consistent_after_every_removal(lmdb_factory: StoreFactory) -> None:
+    store = lmdb_factory()
+    svc = SyncSessionService(store)
+    for user in ("ada", "bob", "carol"):
+        for index in range(3):
+            _filled(svc, f"s{index}", OUT_OF_ORDER, user=user)
+    assert store.check_layout() == []
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s0", before=30.0)
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s1", keep_last=2)
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s2", keep_last=0)
+    assert store.check_layout() == []
+    live = _get(svc, "s0", user="ada")
+    assert live is not None
+    svc.append_event(live, ev(ts=1.0, delta={"again": 1}))
+    assert store.check_layout() == []
+    svc.delete_user(app_name=APP, user_id="bob")
+    svc.expire_sessions(idle_for=0)
+    assert store.check_layout() == []
+    assert _entries(store)["sessions"] == 0

@@ -310,15 +310,15 @@ def marker_position(marker: str | None) -> tuple[int, int] | None:
     """Return (session number, event count) of a revision marker; None for another form.
 
     Session numbers only grow, so a later revision of a session (or a session
-    created later under the same id) compares greater.
+    created later under the same id) compares greater. The count is of events
+    ever appended; a marker after a truncation carries a third part (events
+    removed), which does not change the position.
     """
     if marker is None:
         return None
-    # After a truncation a marker is number:count:removed; the count is what
-    # positions a copy's history either way.
     number, _, rest = marker.partition(":")
-    count = rest.partition(":")[0]
-    if not number.isdigit() or not count.isdigit():
+    count, _, removed = rest.partition(":")
+    if not number.isdigit() or not count.isdigit() or not (removed.isdigit() or not removed):
         return None
     return int(number), int(count)
 
@@ -799,10 +799,10 @@ class InlineAsyncStore:
 # event with its id, timestamp and record.
 
 # How long one retention batch may work inside a write transaction.
-BATCH_SECONDS = 0.02
+BATCH_SECONDS = 0.01
 # How many sessions (or events) one retention batch removes at most.
 BATCH_SESSIONS = 256
-BATCH_EVENTS = 2048
+BATCH_EVENTS = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -1138,12 +1138,18 @@ class LmdbStore:
         each batch moves the session's marker.
         """
 
+        # The session the first batch found: one deleted and created again
+        # under the same id meanwhile is another session, left alone.
+        first: list[int] = []
+
         def batch(txn: Any) -> tuple[int, bool]:
             record = self._record(txn, app_name, user_id, session_id)
-            if record is None:
+            if record is None or (first and record.number != first[0]):
                 raise SessionNotFoundError(
                     f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
                 )
+            if not first:
+                first.append(record.number)
             number = _U64.pack(record.number)
             started = time.monotonic()
             cursor = txn.cursor(db=self._data)
@@ -1171,6 +1177,8 @@ class LmdbStore:
             if not doomed:
                 return 0, True
             data = self._data
+            removed = 0
+            # Deleting costs more than finding: the time bound applies here too.
             for seq, _ in doomed:
                 value = txn.get(number + _EVENT + seq, db=data)
                 timestamp = _F64.unpack_from(value)[0]
@@ -1178,9 +1186,12 @@ class LmdbStore:
                 txn.delete(number + _EVENT + seq, db=data)
                 txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
                 txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
-            record.removed_count += len(doomed)
+                removed += 1
+                if time.monotonic() - started > BATCH_SECONDS:
+                    break
+            record.removed_count += removed
             self._put_record(txn, record)
-            return len(doomed), False
+            return removed, False
 
         total = 0
         try:
@@ -1233,9 +1244,9 @@ class LmdbStore:
                     break
                 if removed >= BATCH_SESSIONS or time.monotonic() - started > BATCH_SECONDS:
                     return removed, key
-                fields = unpack(cursor.value())
-                if idle_before is None or fields[5] < idle_before:
-                    txn.put(_PURGE + _U64.pack(fields[3]), b"", db=meta)
+                record = _record_from(cursor.value())
+                if idle_before is None or record.last_update_time < idle_before:
+                    txn.put(_PURGE + _U64.pack(record.number), b"", db=meta)
                     # delete() moves to the next entry; past the last, key() is empty.
                     positioned = cursor.delete() and bool(cursor.key())
                     removed += 1
@@ -1259,21 +1270,21 @@ class LmdbStore:
         def batch(txn: Any) -> bool:
             started = time.monotonic()
             queue = txn.cursor(db=meta)
-            if not queue.set_range(_PURGE) or not queue.key().startswith(_PURGE):
-                return True
-            number = queue.key()[len(_PURGE) :]
             cursor = txn.cursor(db=self._data)
             deleted = 0
-            if cursor.set_range(number):
-                while cursor.key().startswith(number):
-                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
-                        return False
-                    cursor.delete()
-                    deleted += 1
-            txn.delete(_PURGE + number, db=meta)
-            return False
+            while queue.set_range(_PURGE) and queue.key().startswith(_PURGE):
+                number = queue.key()[len(_PURGE) :]
+                if cursor.set_range(number):
+                    while cursor.key().startswith(number):
+                        if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                            return False
+                        cursor.delete()
+                        deleted += 1
+                txn.delete(_PURGE + number, db=meta)
+            return True
 
-        while not self._write(batch).result():
+        # A close stops the expirer between batches; the next call finishes the purge.
+        while not self._write(batch).result() and not self._stopping_expiry():
             pass
 
     def _remove_range(self, handle: Any, prefix: bytes) -> None:
@@ -1332,7 +1343,7 @@ class LmdbStore:
         positioned = cursor.set_range(prefix)
         while positioned and cursor.key().startswith(prefix):
             key = cursor.key()
-            yield SessionRecord.from_list(unpack(cursor.value()))
+            yield _record_from(cursor.value())
             positioned = cursor.set_range(_after(key[: _parts_length(key, depth)]))
 
     def restore_session(self, copy: SessionCopy) -> Completion[bool]:
@@ -2138,3 +2149,11 @@ def _lock_holder(fd: int) -> int | None:
         return None
     kind, _, _, _, pid = layout.unpack(answer)
     return int(pid) if kind != fcntl.F_UNLCK else None
+
+
+def _record_from(value: bytes) -> SessionRecord:
+    """Return a stored session record; an unreadable one is a CorruptStoreError."""
+    try:
+        return SessionRecord.from_list(unpack(value))
+    except Exception as error:
+        raise CorruptStoreError("a session record is unreadable") from error
