@@ -287,6 +287,28 @@ def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> No
             stop(child)
 
 
+@pytest.mark.slow
+def test_tail_follow_ends_when_the_session_is_deleted(store_path: Path) -> None:
+    args = ["tail", uri_of(store_path), "shop", "user-1", "s0", "--follow", "--last", "1"]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", *args, "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        # The last event printed: the command has read the session and polls.
+        assert "hello 2" in Lines(tail.stdout).take()  # type: ignore[arg-type]
+        with SyncSessionService(LmdbStore(store_path)) as svc:
+            svc.delete_session(app_name="shop", user_id="user-1", session_id="s0")
+        assert tail.wait(timeout=30) == 1
+        assert tail.stderr is not None
+        assert tail.stderr.read() == "sessionscope tail: the session was deleted\n"
+    finally:
+        stop(tail)
+
+
 # -- stats -------------------------------------------------------------------------
 
 
@@ -610,6 +632,37 @@ def test_an_altered_or_truncated_dump_changes_nothing(store_path: Path, tmp_path
     done = run("import", uri_of(target), str(tmp_path / "absent.dump"))
     assert done.returncode == 2
     assert "does not exist" in done.stderr
+
+
+@pytest.mark.slow
+def test_an_import_killed_midway_completes_when_run_again(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    with SyncSessionService(LmdbStore(source, durability="deferred")) as svc:
+        for n in range(300):
+            session = svc.create_session(app_name="app", user_id=f"u{n % 7}", session_id=f"s{n}")
+            for i in range(5):
+                svc.append_event(session, Event(author="a", content={"text": f"{n}-{i}"}))
+    dump = tmp_path / "all.dump"
+    assert run("export", uri_of(source), str(dump)).returncode == 0
+    target = tmp_path / "target"
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", "import", uri_of(target), str(dump)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=child_env(),
+    )
+    deadline = time.monotonic() + 30
+    while not (target / "data.mdb").exists() and importing.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.kill(importing.pid, signal.SIGKILL)
+    importing.wait(timeout=30)
+    # Whatever the kill cut short, each session went in whole or not at all.
+    if (target / "data.mdb").exists():
+        assert run("verify", uri_of(target)).returncode == 0
+    done = run("import", uri_of(target), str(dump))
+    assert done.returncode == 0, done.stderr
+    assert event_ids(target) == event_ids(source)
 
 
 # -- progress ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 from .cli import UsageError
 from .console import Column, Progress, interactive, render_table
-from .errors import IncompatibleStoreError, SessionscopeError
+from .errors import CorruptStoreError, IncompatibleStoreError, SessionscopeError
 from .ops import (
     MissingStoreError,
     backup,
@@ -46,26 +46,17 @@ __all__ = ["HANDLERS"]
 # -- shared pieces -----------------------------------------------------------------
 
 
-def _is_corrupt(error: BaseException) -> bool:
-    from . import errors
-
-    corrupt = getattr(errors, "CorruptStoreError", None)
-    return corrupt is not None and isinstance(error, corrupt)
-
-
 def open_uri(uri: str, *, existing: bool = True) -> Store:
     """Open a store; bad URIs, missing paths and incompatible files are usage errors.
 
-    A damaged store stays the error it is (exit 1): the input named a store,
-    and the store is what failed.
+    A damaged store stays the error it is (``CorruptStoreError``, exit 1):
+    the input named a store, and the store is what failed.
     """
     try:
         return open_existing(uri) if existing else open_store(uri)
     except MissingStoreError as error:
         raise UsageError(f"no store: {error}") from None
     except IncompatibleStoreError as error:
-        if _is_corrupt(error):
-            raise
         raise UsageError(str(error)) from None
     except SessionscopeError:
         raise
@@ -415,23 +406,23 @@ def verify(args: argparse.Namespace) -> int:
     try:
         store = open_uri(args.uri)
     except UsageError as error:
-        # A path that exists but is refused at open is a finding, not bad usage.
+        # A path that holds a store file refused at open is a finding, not bad usage.
         path = lmdb_path(args.uri)
         if path is None or not (path / "data.mdb").is_file():
             raise
-        return _verify_report(args, {"clean": False, "structural": "failed",
-                                     "problems": [f"open: {error}"]})  # fmt: skip
-    except SessionscopeError as error:
-        if not _is_corrupt(error):
-            raise
-        return _verify_report(args, {"clean": False, "structural": "failed",
-                                     "problems": [f"open: {error}"]})  # fmt: skip
+        return _verify_report(args, _refused(error))
+    except CorruptStoreError as error:
+        return _verify_report(args, _refused(error))
     try:
         with _progress(args, None, "verify") as bar:
             report = check_store(store, progress=_report(bar))
     finally:
         store.close()
     return _verify_report(args, report.to_dict())
+
+
+def _refused(error: BaseException) -> dict[str, Any]:
+    return {"clean": False, "structural": "failed", "problems": [f"open: {error}"]}
 
 
 def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
@@ -503,8 +494,6 @@ def compact_command(args: argparse.Namespace) -> int:
             result = compact(path)
             bar.update(1, 1)
     except IncompatibleStoreError as error:
-        if _is_corrupt(error):
-            raise
         raise UsageError(str(error)) from None
 
     def text() -> str:
@@ -540,8 +529,14 @@ def _counts(value: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(value).items() if not k.startswith("_")}
 
 
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.3f}"
+
+
 def _counts_text(title: str, fields: dict[str, Any]) -> str:
-    rows = [[name, f"{v:,}" if isinstance(v, int) else str(v)] for name, v in fields.items()]
+    rows = [[name.replace("_", " "), _number(v)] for name, v in fields.items()]
     return render_table([title, Column("", True)], rows)
 
 

@@ -1,10 +1,9 @@
 """Operations on a whole store: open one that exists, list, describe, measure, check, copy.
 
 What the command line runs, kept apart from how it prints. Everything here
-goes through the Store protocol, and through an LMDB store's own
-operations (``list_apps``, ``check_layout``, ``space``, ``copy_to``,
-``compact``, and ``verify`` where the store has it) only where the question
-is about its file.
+goes through the Store protocol, and through an LMDB store's own operations
+(``verify``, ``check_layout``, ``space``, ``copy_to``, ``compact``) only
+where the question is about its file.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .codec import decode_event, pack
-from .errors import SessionscopeError, StoreError
+from .errors import CorruptStoreError, SessionscopeError, StoreError
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession, SessionRecord
 
@@ -268,16 +267,12 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
     distinct and their number is the one its record counts; on LMDB, the key
     layout's own invariants too (``LmdbStore.check_layout``).
     """
-    from . import errors
-
     report = CheckReport()
-    verify = getattr(store, "verify", None)
-    if verify is not None:
-        corrupt = getattr(errors, "CorruptStoreError", StoreError)
+    if isinstance(store, LmdbStore):
         try:
-            verify()
+            store.verify()
             report.structural = "ok"
-        except corrupt as error:
+        except CorruptStoreError as error:
             report.structural = "failed"
             report.problems.append(f"structure: {error}")
             return report

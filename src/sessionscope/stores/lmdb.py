@@ -2116,12 +2116,6 @@ def _sole_user(path: Path) -> Iterator[None]:
     one. So taking the exclusive lock both proves that no process has the
     store open and keeps any from opening it until this one is done.
     """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        raise StoreError(
-            "compacting needs POSIX file locks", hint="copy the store with backup instead"
-        ) from None
     mode = (path / "data.mdb").stat().st_mode & 0o666
     fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
     try:
@@ -2145,8 +2139,6 @@ def _sole_user(path: Path) -> Iterator[None]:
 
 def _lock_holder(fd: int) -> int | None:
     """Return the pid of a process holding LMDB's lock, where the platform tells it."""
-    import fcntl
-
     if sys.platform != "linux":
         return None
     # struct flock on Linux: short type, short whence, off_t start, off_t len, pid_t pid.
