@@ -12,7 +12,7 @@ from sessionscope import Event, EventActions
 from sessionscope.replay import (
     LatencyStats,
     NativeTarget,
-    Progress,
+    RichProgressBar,
     TargetError,
     native_event,
     open_target,
@@ -171,7 +171,7 @@ def test_progress_bar_draws_only_on_a_terminal() -> None:
 
     plain, terminal = io.StringIO(), Terminal()
     for stream in (plain, terminal):
-        bar = Progress(10, "replay", stream)
+        bar = RichProgressBar(10, "replay", stream)
         bar.update(5)
         bar.close()
     assert plain.getvalue() == ""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import UsageError
-from .console import Column, Progress, interactive, render_table
+from .console import Column, RichProgressBar, interactive, render_table
 from .errors import CorruptStoreError, IncompatibleStoreError, SessionscopeError
 from .ops import (
     MissingStoreError,
@@ -74,16 +74,16 @@ def opened(uri: str, *, existing: bool = True) -> Iterator[Store]:
         store.close()
 
 
-def _progress(args: argparse.Namespace, total: int | None, label: str) -> Progress:
+def _progress(args: argparse.Namespace, total: int | None, label: str) -> RichProgressBar:
     """Return a progress bar, drawn only on a terminal and without ``--no-progress``."""
-    return Progress(total, label, enabled=not args.no_progress and interactive())
+    return RichProgressBar(total, label, enabled=not args.no_progress and interactive())
 
 
-def _report(progress: Progress) -> Callable[[int, int], None]:
+def _report(progress: RichProgressBar) -> Callable[[int, int], None]:
     return lambda done, total: progress.update(done, total)
 
 
-def _advance(progress: Progress) -> Callable[[int], None]:
+def _advance(progress: RichProgressBar) -> Callable[[int], None]:
     """Return a callback that moves the bar on by the number of records just handled."""
     return lambda count: progress.update(progress.done + count)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["Column", "Progress", "interactive", "render_table"]
+__all__ = ["Column", "RichProgressBar", "interactive", "render_table"]
 
 # Width of a table rendered for a pipe or a file: wide enough never to wrap.
 _PLAIN_WIDTH = 200
@@ -74,7 +74,7 @@ def _terminal_width() -> int:
     return shutil.get_terminal_size().columns
 
 
-class Progress:
+class RichProgressBar:
     """A progress bar on a terminal, drawn by rich; silent anywhere else.
 
     ``total`` None draws a bar that only shows the work goes on.
@@ -135,7 +135,7 @@ class Progress:
             self._bar.stop()
             self._bar = None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> RichProgressBar:
         return self
 
     def __exit__(

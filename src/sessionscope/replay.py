@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .console import Column, Progress, render_table
+from .console import Column, RichProgressBar, render_table
 from .core import TEMP_PREFIX
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
@@ -557,7 +557,7 @@ def _replay(
 ) -> ReplayResult:
     samples: dict[str, list[int]] = {}
     clock = time.perf_counter_ns
-    bar = Progress(len(calls) if progress else 0, f"replay {target.name}", stream)
+    bar = RichProgressBar(len(calls) if progress else 0, f"replay {target.name}", stream)
     stored = 0
     append_ns = 0
     lengths: dict[Key, int] = {}
