@@ -9,6 +9,8 @@ from __future__ import annotations
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, Scope, scope_of
 from .errors import (
     AlreadyExistsError,
+    CorruptStoreError,
+    DumpError,
     DuplicateEventError,
     IncompatibleStoreError,
     SessionNotFoundError,
@@ -17,6 +19,7 @@ from .errors import (
     StateValueError,
     StoreClosedError,
     StoreError,
+    UnsafeStoreError,
 )
 from .model import (
     Event,
@@ -38,6 +41,8 @@ __all__ = [
     "TEMP_PREFIX",
     "USER_PREFIX",
     "AlreadyExistsError",
+    "CorruptStoreError",
+    "DumpError",
     "DuplicateEventError",
     "Event",
     "EventActions",
@@ -60,6 +65,7 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "SyncSessionService",
+    "UnsafeStoreError",
     "__version__",
     "inject_state",
     "open_store",
