@@ -22,7 +22,9 @@ _LMDB_OPTIONS: dict[str, Any] = {
 
 
 def open_store(uri: str, **options: Any) -> Store:
-    """Open the store a URI names: ``memory://`` or ``lmdb:///path?durability=deferred``.
+    """Open the store a URI names: ``memory://``, ``lmdb:///path?durability=deferred``,
+    ``redis://host:port/db?ttl=3600&prefix=name``, ``rediss://...`` (TLS) or
+    ``redis+cluster://host:port,host:port?...`` (Redis Cluster).
 
     Keyword options override those of the query.
     """
@@ -33,8 +35,13 @@ def open_store(uri: str, **options: Any) -> Store:
         if options or parts.query:
             raise ValueError("memory:// takes no options")
         return MemoryStore()
+    if parts.scheme in _REDIS_SCHEMES:
+        return _open_redis(uri, parts.scheme, options)
     if parts.scheme != "lmdb":
-        raise ValueError(f"unknown store scheme in {uri!r}: use lmdb:// or memory://")
+        raise ValueError(
+            f"unknown store scheme in {uri!r}: use lmdb://, memory://, redis://, rediss:// "
+            "or redis+cluster://"
+        )
     # lmdb:///abs/path has an empty host; lmdb://relative/path keeps it as the first part.
     path = unquote(parts.netloc + parts.path)
     if not path:
@@ -49,3 +56,45 @@ def open_store(uri: str, **options: Any) -> Store:
             raise ValueError(f"lmdb:// option {name}={text!r} is not valid") from None
     parsed.update(options)
     return LmdbStore(path, **parsed)
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster")
+# The options a redis URI may carry in its query (the rest is redis-py's own
+# URL syntax: user, password, host, port, database number).
+_REDIS_OPTIONS: dict[str, Any] = {
+    "prefix": str,
+    "ttl": int,
+    "wait": int,
+    "timeout": float,
+}
+
+
+def _open_redis(uri: str, scheme: str, options: dict[str, Any]) -> Store:
+    """Open a RedisStore; the redis extra is imported only here."""
+    try:
+        from .redis import RedisStore
+    except ImportError as error:
+        raise ValueError(
+            f"{scheme}:// needs the redis extra: pip install 'sessionscope[redis]' ({error})"
+        ) from None
+    parts = urlsplit(uri)
+    parsed: dict[str, Any] = {}
+    for name, text in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in _REDIS_OPTIONS:
+            raise ValueError(
+                f"unknown {scheme}:// option {name!r}; known: {sorted(_REDIS_OPTIONS)}"
+            )
+        try:
+            parsed[name] = _REDIS_OPTIONS[name](text)
+        except ValueError:
+            raise ValueError(f"{scheme}:// option {name}={text!r} is not valid") from None
+    parsed.update(options)
+    if scheme != "redis+cluster":
+        return RedisStore(parts._replace(query="").geturl(), **parsed)
+    nodes: list[tuple[str, int]] = []
+    for node in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = node.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{uri!r}: name each cluster node as host:port, not {node!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return RedisStore(cluster=nodes, **parsed)

@@ -1,0 +1,379 @@
+#!lua name=sessionscope_1
+-- The server side of sessionscope's Redis store (library format 1).
+--
+-- Every function touches the keys of one hash slot only: the keys of one
+-- (app, user) pair, or of one app. The client builds every key name and
+-- passes it in KEYS; the layout is described in docs/ARCHITECTURE.md.
+-- Times travel as the decimal text the client wrote (shortest round-trip
+-- form), so no float is ever formatted here and no precision is lost.
+-- Values are msgpack bytes and are stored as they arrive.
+
+local HAS_MARKER, HAS_LAST_ID, LOCKED, CATCH_UP = 1, 2, 4, 8
+-- Applied app-delta tokens are remembered this long (seconds).
+local APPLIED_HORIZON = 86400
+-- Fields read per HMGET, well under Lua's limit on unpacked arguments.
+local CHUNK = 1000
+
+local function read_record(key)
+    local f = redis.call('HMGET', key, 'app', 'user', 'sid', 'n', 'c', 'u', 'k', 'l')
+    if not f[4] then
+        return false
+    end
+    return f
+end
+
+local function hset_pairs(key, args, first, count)
+    for i = first, first + 2 * count - 1, 2 do
+        redis.call('HSET', key, args[i], args[i + 1])
+    end
+end
+
+local function hset_blob(key, blob)
+    -- Items framed by the client: (4-byte big-endian length, bytes) for a
+    -- key, then for its value, and so on. (cmsgpack here reads no bin type.)
+    local pos = 1
+    while pos <= #blob do
+        local klen = struct.unpack('>I4', blob, pos)
+        local field = string.sub(blob, pos + 4, pos + 3 + klen)
+        pos = pos + 4 + klen
+        local vlen = struct.unpack('>I4', blob, pos)
+        redis.call('HSET', key, field, string.sub(blob, pos + 4, pos + 3 + vlen))
+        pos = pos + 4 + vlen
+    end
+end
+
+-- The events of seqs first..last (inclusive), in order.
+local function events_range(key, first, last)
+    local out = {}
+    local i = first
+    while i <= last do
+        local stop = math.min(last, i + CHUNK - 1)
+        local fields = {}
+        for s = i, stop do
+            fields[#fields + 1] = tostring(s)
+        end
+        local got = redis.call('HMGET', key, unpack(fields))
+        for _, v in ipairs(got) do
+            out[#out + 1] = v
+        end
+        i = stop + 1
+    end
+    return out
+end
+
+local function events_of(key, seqs)
+    local out = {}
+    local i = 1
+    while i <= #seqs do
+        local fields = {}
+        for j = i, math.min(#seqs, i + CHUNK - 1) do
+            fields[#fields + 1] = seqs[j]
+        end
+        local got = redis.call('HMGET', key, unpack(fields))
+        for _, v in ipairs(got) do
+            out[#out + 1] = v
+        end
+        i = i + CHUNK
+    end
+    return out
+end
+
+-- Record an app delta for a second step to apply (cluster). The token
+-- starts with the user's own counter, so pending deltas sort in append order.
+local function record_pending(pend_key, tail, blob)
+    local order = redis.call('HINCRBY', pend_key, '#', 1)
+    redis.call('HSET', pend_key, string.format('%016d', order) .. ':' .. tail, blob)
+end
+
+local function pending_of(pend_key)
+    if redis.call('HLEN', pend_key) > 1 then
+        return redis.call('HGETALL', pend_key)
+    end
+    return {}
+end
+
+local function expire_all(ttl, keys)
+    if ttl > 0 then
+        for _, k in ipairs(keys) do
+            redis.call('EXPIRE', k, ttl)
+        end
+    end
+end
+
+-- How many stored events the caller's copy has, or nil when unknown
+-- (the rules of events_seen in stores/base.py).
+local function events_seen(flags, marker, last_id, number, ids_key)
+    if bit.band(flags, HAS_MARKER) ~= 0 then
+        local colon = string.find(marker, ':', 1, true)
+        if not colon then
+            return nil
+        end
+        local count = string.sub(marker, colon + 1)
+        if string.sub(marker, 1, colon - 1) ~= number or not string.match(count, '^%d+$') then
+            return nil
+        end
+        return tonumber(count)
+    end
+    if bit.band(flags, HAS_LAST_ID) == 0 then
+        return 0
+    end
+    local seq = redis.call('HGET', ids_key, last_id)
+    if not seq then
+        return nil
+    end
+    return tonumber(seq) + 1
+end
+
+-- KEYS: record, events, ids, times, state, user state, index, pending, guard[, app state]
+-- ARGV: sid, ttl, request count, guarded (1 in a batch), then per request:
+--   event id, timestamp, event, flags, marker, caller time, caller last id,
+--   session item count, user item count, app items blob, then the item pairs.
+-- Returns {results, pending}: one result per request tried, and the pending
+-- app deltas of this user (cluster mode) for the client to finish.
+local function append(keys, args)
+    local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local ust_key, idx_key, pend_key, guard_key, app_key = keys[6], keys[7], keys[8], keys[9], keys[10]
+    local sid, ttl, total, guarded = args[1], tonumber(args[2]), tonumber(args[3]), args[4] == '1'
+    local results = {}
+    if guarded and redis.call('EXISTS', guard_key) == 1 then
+        -- An earlier part of this batch failed: nothing after it is tried.
+        return {results, {}}
+    end
+    local rec = read_record(rec_key)
+    local number, count, updated, last = nil, 0, nil, nil
+    if rec then
+        number, updated, count, last = rec[4], rec[6], tonumber(rec[7]), rec[8]
+    end
+    local wrote = false
+    local pos = 5
+    for _ = 1, total do
+        local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
+        local marker, caller_time, caller_last = args[pos + 4], args[pos + 5], args[pos + 6]
+        local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
+        local items = pos + 10
+        pos = items + 2 * (n_session + n_user)
+        local refusal = nil
+        if not rec then
+            refusal = {'no', false, false}
+        else
+            local seq = redis.call('HGET', ids_key, event_id)
+            if seq then
+                local stored = redis.call('HGET', ev_key, seq)
+                if stored == event then
+                    results[#results + 1] = {'dup'}
+                else
+                    refusal = {'no', false, stored}
+                end
+            elseif bit.band(flags, LOCKED) == 0 then
+                if bit.band(flags, HAS_MARKER) ~= 0 then
+                    if marker ~= number .. ':' .. count then
+                        refusal = {'no', false, false}
+                    end
+                else
+                    -- A copy built by hand: stale only if the store is newer
+                    -- and its last event is not the copy's last event.
+                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and caller_last or false
+                    if tonumber(updated) > tonumber(caller_time) and last ~= caller then
+                        refusal = {'no', false, false}
+                    end
+                end
+            end
+            if not refusal and not seq then
+                local known = nil
+                local catch_up = bit.band(flags, CATCH_UP) ~= 0
+                if catch_up then
+                    known = events_seen(flags, marker, caller_last, number, ids_key)
+                end
+                local before = count
+                hset_pairs(st_key, args, items, n_session)
+                hset_pairs(ust_key, args, items + 2 * n_session, n_user)
+                if app_blob ~= '' then
+                    if app_key then
+                        hset_blob(app_key, app_blob)
+                    else
+                        record_pending(pend_key, number .. ':' .. event_id, app_blob)
+                    end
+                end
+                local field = tostring(count)
+                redis.call('HSET', ev_key, field, event)
+                redis.call('HSET', ids_key, event_id, field)
+                redis.call('ZADD', tm_key, ts, field)
+                count, updated, last, wrote = count + 1, ts, event_id, true
+                local result = {'ok', number, count, ts}
+                if catch_up then
+                    local replace = 0
+                    if known == nil then
+                        known, replace = 0, 1
+                    end
+                    result[5] = replace
+                    result[6] = events_range(ev_key, known, before - 1)
+                    result[7] = redis.call('HGETALL', st_key)
+                    result[8] = redis.call('HGETALL', ust_key)
+                    result[9] = app_key and redis.call('HGETALL', app_key) or false
+                    result[10] = rec[5]
+                end
+                results[#results + 1] = result
+            end
+        end
+        if refusal then
+            if rec then
+                rec[6], rec[7], rec[8] = updated, tostring(count), last
+                refusal[2] = rec
+            end
+            results[#results + 1] = refusal
+            if guarded then
+                redis.call('SET', guard_key, '1', 'EX', 60)
+            end
+            break
+        end
+    end
+    if wrote then
+        redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
+        redis.call('ZADD', idx_key, updated, sid)
+        expire_all(ttl, {rec_key, ev_key, ids_key, tm_key, st_key, ust_key, idx_key, pend_key})
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {results, pending}
+end
+
+-- KEYS: record, state, user state, index, pending[, app state]
+-- ARGV: app, user, sid, number, create time, ttl, session item count,
+--       user item count, app items blob, item pairs.
+-- Returns false when the id is taken by another session; a repeat of this
+-- very create (same number: a retry after a lost reply) answers as the first.
+local function create(keys, args)
+    local rec_key, st_key, ust_key, idx_key, pend_key, app_key = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+    local number, ttl = args[4], tonumber(args[6])
+    local n_session, n_user, app_blob = tonumber(args[7]), tonumber(args[8]), args[9]
+    local rec = read_record(rec_key)
+    if rec and rec[4] ~= number then
+        return false
+    end
+    if not rec then
+        redis.call('HSET', rec_key, 'app', args[1], 'user', args[2], 'sid', args[3],
+            'n', number, 'c', args[5], 'u', args[5], 'k', '0')
+        hset_pairs(st_key, args, 10, n_session)
+        hset_pairs(ust_key, args, 10 + 2 * n_session, n_user)
+        if app_blob ~= '' then
+            if app_key then
+                hset_blob(app_key, app_blob)
+            else
+                record_pending(pend_key, number .. ':', app_blob)
+            end
+        end
+        redis.call('ZADD', idx_key, args[5], args[3])
+        expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key})
+        rec = read_record(rec_key)
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {rec, redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
+        app_key and redis.call('HGETALL', app_key) or false, pending}
+end
+
+-- KEYS: record, events, times, state, user state, pending[, app state]
+-- ARGV: last n ('' for all), after timestamp ('' for none)
+local function load(keys, args)
+    local rec_key, ev_key, tm_key, st_key, ust_key, pend_key, app_key = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+    local rec = read_record(rec_key)
+    if not rec then
+        return false
+    end
+    local count = tonumber(rec[7])
+    local first = 0
+    if args[1] ~= '' then
+        first = math.max(0, count - tonumber(args[1]))
+    end
+    local events
+    if args[2] == '' then
+        events = events_range(ev_key, first, count - 1)
+    else
+        local seqs = {}
+        if args[1] ~= '' then
+            -- The last n first, then the filter: only their times are read.
+            local fields = {}
+            for s = first, count - 1 do
+                fields[#fields + 1] = tostring(s)
+            end
+            if #fields > 0 then
+                local after = tonumber(args[2])
+                local scores = redis.call('ZMSCORE', tm_key, unpack(fields))
+                for i, score in ipairs(scores) do
+                    if score and tonumber(score) >= after then
+                        seqs[#seqs + 1] = fields[i]
+                    end
+                end
+            end
+        else
+            -- Only the events at or after the time are read.
+            seqs = redis.call('ZRANGE', tm_key, args[2], '+inf', 'BYSCORE')
+            table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+        end
+        events = events_of(ev_key, seqs)
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {rec, events, redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
+        app_key and redis.call('HGETALL', app_key) or false, pending}
+end
+
+-- KEYS: record, events, ids, times, state, index. ARGV: sid.
+local function delete(keys, args)
+    if redis.call('EXISTS', keys[1]) == 0 then
+        return 0
+    end
+    redis.call('DEL', keys[1], keys[2], keys[3], keys[4], keys[5])
+    redis.call('ZREM', keys[6], args[1])
+    return 1
+end
+
+-- KEYS: app state, applied tokens. ARGV: token, blob, token, blob, ...
+-- Applies each pending app delta once: a token already applied is skipped.
+local function apply(keys, args)
+    local now = tonumber(redis.call('TIME')[1])
+    redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now - APPLIED_HORIZON)
+    local applied = 0
+    for i = 1, #args, 2 do
+        if not redis.call('ZSCORE', keys[2], args[i]) then
+            hset_blob(keys[1], args[i + 1])
+            redis.call('ZADD', keys[2], now, args[i])
+            applied = applied + 1
+        end
+    end
+    return applied
+end
+
+-- KEYS: pending. ARGV: tokens applied.
+local function clear(keys, args)
+    return redis.call('HDEL', keys[1], unpack(args))
+end
+
+-- KEYS: app directory. ARGV: user, score read. Removes the user only if no
+-- create touched the entry since it was read.
+local function prune(keys, args)
+    if redis.call('ZSCORE', keys[1], args[1]) == args[2] then
+        return redis.call('ZREM', keys[1], args[1])
+    end
+    return 0
+end
+
+-- Does nothing: the round trip of an FCALL, for benchmarks.
+local function noop(keys, args)
+    return 1
+end
+
+redis.register_function('sessionscope_1_append', append)
+redis.register_function('sessionscope_1_create', create)
+redis.register_function{function_name = 'sessionscope_1_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_1_delete', delete)
+redis.register_function('sessionscope_1_apply', apply)
+redis.register_function('sessionscope_1_clear', clear)
+redis.register_function('sessionscope_1_prune', prune)
+redis.register_function{function_name = 'sessionscope_1_noop', callback = noop, flags = {'no-writes'}}
