@@ -83,6 +83,9 @@ _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Requests per FCALL in a bulk append (each chunk is one session's run).
 _CHUNK = 256
 _U32 = struct.Struct(">I")
+# Called, when set, after an app delta is recorded and before it is applied
+# (cluster): tests stop a process there to check that another finishes it.
+between_steps: Callable[[], None] | None = None
 # The field of a user's pending hash that counts app deltas recorded.
 _ORDER_FIELD = b"#"
 # (command, arguments...) of one Redis command.
@@ -283,6 +286,8 @@ class _Operations:
         # Tokens start with a per-user counter: sorted, they apply in append order.
         flat = [x for entry in entries for x in entry]
         tokens = flat[0::2]
+        if between_steps is not None:
+            between_steps()
         app_state, applied, _ = self.keys.app(app_name)
         yield [("FCALL", _FN + "apply", 2, app_state, applied, *flat)]
         _, _, pend = self.keys.user(app_name, user_id)
