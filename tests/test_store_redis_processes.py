@@ -140,7 +140,7 @@ def test_four_processes_locked_appends_lose_nothing(uri: str, tmp_path: Path) ->
 
 
 def test_counters_by_read_modify_append_lose_no_increment(uri: str, tmp_path: Path) -> None:
-    """Four processes increment one counter, retrying on StaleSessionError: every increment lands."""
+    """Four processes increment a counter, retrying on StaleSessionError: no increment lost."""
     n_procs, per_proc = 4, 40
     go = tmp_path / "go"
     with SyncSessionService(uri) as svc:

@@ -261,7 +261,8 @@ class _Operations:
 
     def _waits(self) -> list[Command]:
         wait = self.settings.wait
-        return [("WAIT", wait, int(self.settings.timeout * 1000))] if wait else []
+        # Half the socket timeout: WAIT answers before the socket gives up on it.
+        return [("WAIT", wait, max(1, int(self.settings.timeout * 500)))] if wait else []
 
     def _check_wait(self, reply: Any) -> None:
         wait = self.settings.wait
@@ -289,7 +290,7 @@ class _Operations:
         if between_steps is not None:
             between_steps()
         app_state, applied, _ = self.keys.app(app_name)
-        yield [("FCALL", _FN + "apply", 2, app_state, applied, *flat)]
+        yield [("FCALL", _FN + "apply", 2, app_state, applied, self.settings.ttl, *flat)]
         _, _, pend = self.keys.user(app_name, user_id)
         yield [("FCALL", _FN + "clear", 1, pend, *tokens)]
 
@@ -571,7 +572,10 @@ class _Operations:
 
     def check_format(self) -> Plan[None]:
         header = pack({"magic": MAGIC, "format": FORMAT_VERSION})
-        _, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
+        # Read first: a read-only replica can open a store that exists.
+        (stored,) = yield [("GET", self.keys.format)]
+        if stored is None:
+            _, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
         if stored == header:
             return
         try:

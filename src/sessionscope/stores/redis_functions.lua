@@ -334,18 +334,23 @@ local function delete(keys, args)
     return 1
 end
 
--- KEYS: app state, applied tokens. ARGV: token, blob, token, blob, ...
+-- KEYS: app state, applied tokens. ARGV: ttl, then token, blob, token, blob, ...
 -- Applies each pending app delta once: a token already applied is skipped.
 local function apply(keys, args)
     local now = tonumber(redis.call('TIME')[1])
     redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now - APPLIED_HORIZON)
     local applied = 0
-    for i = 1, #args, 2 do
+    for i = 2, #args, 2 do
         if not redis.call('ZSCORE', keys[2], args[i]) then
             hset_blob(keys[1], args[i + 1])
             redis.call('ZADD', keys[2], now, args[i])
             applied = applied + 1
         end
+    end
+    local ttl = tonumber(args[1])
+    if ttl > 0 and redis.call('TTL', keys[1]) == -1 then
+        -- A map this call created lives as the client's upkeep would have set it.
+        redis.call('EXPIRE', keys[1], 2 * ttl)
     end
     return applied
 end
