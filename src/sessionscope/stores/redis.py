@@ -101,7 +101,7 @@ def _library_code() -> str:
 
 def _number_text(value: float) -> str:
     """Return a float as text that reads back as the same float (Lua and Redis parse it)."""
-    return repr(float(value))
+    return float.__repr__(float(value))
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -1050,6 +1050,35 @@ class RedisStore:
     def noop(self) -> None:
         """Make one FCALL of a function that does nothing (a benchmark's baseline)."""
         self._run(self._ops.noop())
+
+    def destroy(self) -> int:
+        """Delete every key under this store's prefix (on every node); return how many.
+
+        For benchmarks and tests that share a server; not part of the Store protocol.
+        """
+        self._check_open()
+        pattern = self._ops.keys.base + b"*"
+        client = self._client
+        deleted = 0
+        try:
+            nodes = client.get_primaries() if self.cluster else [None]
+            for node in nodes:
+                scan = (
+                    client.scan_iter(match=pattern, count=1000, target_nodes=node)
+                    if node is not None
+                    else client.scan_iter(match=pattern, count=1000)
+                )
+                keys = list(scan)
+                for start in range(0, len(keys), 500):
+                    pipe = client.pipeline(transaction=False)
+                    for key in keys[start : start + 500]:
+                        pipe.delete(key)
+                    deleted += sum(pipe.execute())
+        except redis.exceptions.RedisError as error:
+            raise _failure(error, self.where) from error
+        finally:
+            self.close()
+        return deleted
 
     def flush(self) -> Completion[None]:
         """Return at once: a write is as durable as the server's appendfsync makes it."""

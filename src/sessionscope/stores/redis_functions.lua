@@ -145,6 +145,49 @@ local function append(keys, args)
         number, updated, count, last = rec[4], rec[6], tonumber(rec[7]), rec[8]
     end
     local wrote = false
+    -- Writes of this call, issued together (one HSET or ZADD per key) when
+    -- the call ends or before anything reads them back.
+    local buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}}
+    local seq_of = {}
+    local function flush()
+        local function put(command, key, list)
+            for i = 1, #list, 2 * CHUNK do
+                redis.call(command, key, unpack(list, i, math.min(#list, i + 2 * CHUNK - 1)))
+            end
+        end
+        put('HSET', ev_key, buf.ev)
+        put('HSET', ids_key, buf.ids)
+        put('ZADD', tm_key, buf.tm)
+        put('HSET', st_key, buf.st)
+        put('HSET', ust_key, buf.ust)
+        buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}}
+    end
+    local function push_pairs(list, first, n)
+        for i = first, first + 2 * n - 1 do
+            list[#list + 1] = args[i]
+        end
+    end
+    -- The stored seq of every event id of this call, read in one HMGET.
+    local stored_seq = {}
+    if rec then
+        local ids, p = {}, 5
+        for i = 1, total do
+            ids[i] = args[p]
+            p = p + 10 + 2 * (tonumber(args[p + 7]) + tonumber(args[p + 8]))
+        end
+        local found = {}
+        for i = 1, #ids, CHUNK do
+            local part = redis.call('HMGET', ids_key, unpack(ids, i, math.min(#ids, i + CHUNK - 1)))
+            for j = 1, #part do
+                found[i + j - 1] = part[j]
+            end
+        end
+        for i = 1, total do
+            if found[i] then
+                stored_seq[ids[i]] = found[i]
+            end
+        end
+    end
     local pos = 5
     for _ = 1, total do
         local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
@@ -156,9 +199,17 @@ local function append(keys, args)
         if not rec then
             refusal = {'no', false, false}
         else
-            local seq = redis.call('HGET', ids_key, event_id)
+            local seq = seq_of[event_id]
+            local stored = nil
             if seq then
-                local stored = redis.call('HGET', ev_key, seq)
+                stored = seq[2]
+            else
+                seq = stored_seq[event_id]
+                if seq then
+                    stored = redis.call('HGET', ev_key, seq)
+                end
+            end
+            if seq then
                 if stored == event then
                     results[#results + 1] = {'dup'}
                 else
@@ -182,11 +233,12 @@ local function append(keys, args)
                 local known = nil
                 local catch_up = bit.band(flags, CATCH_UP) ~= 0
                 if catch_up then
+                    flush()
                     known = events_seen(flags, marker, caller_last, number, ids_key)
                 end
                 local before = count
-                hset_pairs(st_key, args, items, n_session)
-                hset_pairs(ust_key, args, items + 2 * n_session, n_user)
+                push_pairs(buf.st, items, n_session)
+                push_pairs(buf.ust, items + 2 * n_session, n_user)
                 if app_blob ~= '' then
                     if app_key then
                         hset_blob(app_key, app_blob)
@@ -195,12 +247,15 @@ local function append(keys, args)
                     end
                 end
                 local field = tostring(count)
-                redis.call('HSET', ev_key, field, event)
-                redis.call('HSET', ids_key, event_id, field)
-                redis.call('ZADD', tm_key, ts, field)
+                local ev, ids, tm = buf.ev, buf.ids, buf.tm
+                ev[#ev + 1], ev[#ev + 2] = field, event
+                ids[#ids + 1], ids[#ids + 2] = event_id, field
+                tm[#tm + 1], tm[#tm + 2] = ts, field
+                seq_of[event_id] = {field, event}
                 count, updated, last, wrote = count + 1, ts, event_id, true
                 local result = {'ok', number, count, ts}
                 if catch_up then
+                    flush()
                     local replace = 0
                     if known == nil then
                         known, replace = 0, 1
@@ -227,6 +282,7 @@ local function append(keys, args)
             break
         end
     end
+    flush()
     if wrote then
         redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
         redis.call('ZADD', idx_key, updated, sid)
