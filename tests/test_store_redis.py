@@ -479,3 +479,29 @@ def test_wait_for_a_replica(tmp_path: Path) -> None:
         if replica is not None:
             replica.stop()
         primary.stop()
+
+
+# -- replay and bench ------------------------------------------------------
+
+
+def test_replay_of_the_sample_trace_verifies_on_redis(uri: str) -> None:
+    """The replay command runs a trace on a Redis store and verifies every state."""
+    from sessionscope.cli import main
+
+    assert main(["replay", "sample", "--store", uri, "--no-progress"]) == 0
+
+
+def test_bench_replays_on_given_stores_under_its_own_prefixes(server: Any, tmp_path: Path) -> None:
+    """bench --store adds the store (plain and bulk), each under a fresh prefix, dropped after."""
+    from sessionscope import bench
+
+    targets = bench._targets(tmp_path, False, {}, (server.url,))
+    scoped = [uri for uri, _ in targets if uri.startswith(server.url)]
+    assert len(scoped) == 2 and len(set(scoped)) == 2
+    assert all("prefix=sessionscope-bench-" in uri for uri in scoped)
+    for uri in scoped:
+        with SyncSessionService(uri) as svc:
+            svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    bench._drop_scoped_stores(targets)
+    for uri in scoped:
+        assert keys_of(server, prefix_of(uri)) == set()
