@@ -31,7 +31,7 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 def test_help_lists_the_commands() -> None:
     done = run("--help")
     assert done.returncode == 0
-    for command in ("bench", "replay", "generate", "export"):
+    for command in ("bench", "replay", "generate", "export", "ls", "verify", "backup", "migrate"):
         assert command in done.stdout
     assert run("replay", "--help").returncode == 0
 
@@ -77,8 +77,15 @@ def test_replay_into_a_used_store_exits_1(tmp_path: Path) -> None:
         (["replay", "sample", "--store", "mongodb://x"], "unknown target scheme 'mongodb'"),
         (["replay", "sample", "--store", "memory"], "not a target URI"),
         (["replay", "sample", "--store", "lmdb:///tmp/x?bogus=1"], "unknown lmdb:// option"),
-        (["export", "out.jsonl", "--store", "lmdb:///no/such/store", "--app", "a"], "no store"),
-        (["export", "out.jsonl", "--store", "ftp://x", "--app", "a"], "unknown store scheme"),
+        (
+            ["export", "lmdb:///no/such/store", "o.jsonl", "--format", "trace", "--app", "a"],
+            "no store",
+        ),
+        (
+            ["export", "ftp://x", "o.jsonl", "--format", "trace", "--app", "a"],
+            "unknown store scheme",
+        ),
+        (["export", "memory://", "o.jsonl", "--format", "trace"], "needs --app"),
         (["replay", "sample", "--store", "memory://", "--batch", "0"], "not positive"),
     ],
 )
@@ -113,7 +120,7 @@ def test_export_then_replay(tmp_path: Path) -> None:
     assert replay(target, records, progress=False).problems == []
     target.close()
     out = tmp_path / "export.jsonl"
-    done = run("export", str(out), "--store", uri, "--app", "app-0")
+    done = run("export", uri, str(out), "--format", "trace", "--app", "app-0")
     assert done.returncode == 0, done.stderr
     _, exported = load_trace(out)
     want = {k for k in Expectation.of(records).sessions if k[0] == "app-0"}

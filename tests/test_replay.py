@@ -175,8 +175,29 @@ def test_progress_bar_draws_only_on_a_terminal() -> None:
         bar.update(5)
         bar.close()
     assert plain.getvalue() == ""
-    assert "[" in terminal.getvalue()
-    assert terminal.getvalue().endswith("\n")
+    drawn = terminal.getvalue()
+    assert "replay" in drawn
+    # rich's count column: the last drawing shows how far the bar got.
+    assert "5/10" in drawn
+    # The bar's line is ended (before rich shows the cursor again).
+    assert drawn.replace("\x1b[?25h", "").endswith("\n")
+
+
+def test_replay_report_lays_out_its_table(records: list[Record]) -> None:
+    target = open_target("memory://")
+    try:
+        result = replay(target, records, progress=False)
+    finally:
+        target.close()
+    text = result.format()
+    header = next(line for line in text.splitlines() if "p50 us" in line)
+    assert header.split() == ["operation", "count", "p50", "us", "p90", "us", "p99", "us",
+                              "total", "s"]  # fmt: skip
+    row = next(line for line in text.splitlines() if line.split()[:1] == ["append"])
+    # Numbers are right-aligned under their headings.
+    assert row.index(f"{result.latency['append'].count:,}") + len(
+        f"{result.latency['append'].count:,}"
+    ) == header.index("count") + len("count")
 
 
 @pytest.mark.adk

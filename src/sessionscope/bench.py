@@ -110,16 +110,9 @@ class BenchReport:
 
     def format(self) -> str:
         """Return the tables: medians per target and ratios to the durable default."""
+        from .console import Column, render_table
+
         base = self.results[0] if self.results else None
-        out = [
-            f"sessionscope bench on {self.machine['cpu']} ({self.machine['cores']} cores), "
-            f"Python {self.machine['python']}, core={self.machine['core']}",
-            f"trace: {self.config['sessions']} sessions, seed {self.config['seed']}; "
-            "medians in microseconds; ratio = median / sessionscope durable",
-            "",
-            f"{'target':<40}{'calls':>7}{'append':>9}{'ratio':>8}{'get10':>9}{'ratio':>8}"
-            f"{'get':>9}{'list':>9}{'events/s':>11}  verify",
-        ]
 
         def median(result: ReplayResult, op: str) -> float:
             stats = result.latency.get(op)
@@ -133,36 +126,62 @@ class BenchReport:
                 return "-"
             return f"{mine / theirs:.2f}x"
 
+        rows: list[list[str]] = []
         for result in [*self.results, *self.floors]:
             check = "-" if not result.verified else ("ok" if not result.problems else "FAILED")
-            label = _label(result.target, result.batch)
-            out.append(
-                f"{label:<40}{result.ops:>7,}{_num(median(result, 'append')):>9}"
-                f"{ratio(result, 'append'):>8}{_num(median(result, 'get_recent')):>9}"
-                f"{ratio(result, 'get_recent'):>8}{_num(median(result, 'get')):>9}"
-                f"{_num(median(result, 'list')):>9}{result.events_per_s:>11,.0f}  {check}"
+            rows.append(
+                [
+                    _label(result.target, result.batch),
+                    f"{result.ops:,}",
+                    _num(median(result, "append")),
+                    ratio(result, "append"),
+                    _num(median(result, "get_recent")),
+                    ratio(result, "get_recent"),
+                    _num(median(result, "get")),
+                    _num(median(result, "list")),
+                    _num(result.events_per_s, 0),
+                    check,
+                ]
             )
         for name, reason in self.skipped.items():
-            out.append(f"{name:<40}skipped: {reason}")
+            rows.append([name, "", "", "", "", "", "", "", "", f"skipped: {reason}"])
+        numeric = ("calls", "append", "ratio", "get10", "ratio ", "get", "list", "events/s")
+        out = [
+            f"sessionscope bench on {self.machine['cpu']} ({self.machine['cores']} cores), "
+            f"Python {self.machine['python']}, core={self.machine['core']}",
+            f"trace: {self.config['sessions']} sessions, seed {self.config['seed']}; "
+            "medians in microseconds; ratio = median / sessionscope durable",
+            "",
+            render_table(["target", *(Column(n, True) for n in numeric), "verify"], rows),
+        ]
         if self.lengths:
-            out.append("")
             lengths = sorted({n for ops in self.lengths.values() for v in ops.values() for n in v})
-            out.append("median latency (us) against session length (events in the session)")
-            out.append(f"{'target / operation':<44}" + "".join(f"{n:>9,}" for n in lengths))
-            for name, ops in self.lengths.items():
-                for op, values in ops.items():
-                    cells = "".join(_num(values.get(n, math.nan)).rjust(9) for n in lengths)
-                    out.append(f"{name + ' ' + op:<44}{cells}")
+            cells = [
+                [f"{name} {op}", *(_num(values.get(n, math.nan)) for n in lengths)]
+                for name, ops in self.lengths.items()
+                for op, values in ops.items()
+            ]
+            columns: list[Column | str] = [
+                "target / operation",
+                *(Column(f"{n:,}", True) for n in lengths),
+            ]
+            title = "median latency (us) against session length (events in the session)"
+            out += ["", render_table(columns, cells, title=title)]
         if self.concurrency:
-            out.append("")
             writers = sorted({n for v in self.concurrency.values() for n in v})
-            out.append("durable appends per second against concurrent writers")
-            out.append(f"{'target':<44}" + "".join(f"{n:>9}" for n in writers) + "     lift")
-            for name, values in self.concurrency.items():
-                cells = "".join(_num(values.get(n, math.nan), 0).rjust(9) for n in writers)
-                out.append(f"{name:<44}{cells}{lift(values):>8.1f}x")
-        out.append("")
-        out.append(f"total {self.elapsed_s:.1f} s")
+            cells = [
+                [
+                    name,
+                    *(_num(values.get(n, math.nan), 0) for n in writers),
+                    f"{lift(values):.1f}x",
+                ]
+                for name, values in self.concurrency.items()
+            ]
+            columns = ["target", *(Column(str(n), True) for n in writers)]
+            columns.append(Column("lift", True))
+            title = "durable appends per second against concurrent writers"
+            out += ["", render_table(columns, cells, title=title)]
+        out += ["", f"total {self.elapsed_s:.1f} s"]
         return "\n".join(out)
 
 

@@ -1,7 +1,15 @@
-"""The ``sessionscope`` command: bench, replay, generate and export traces.
+"""The ``sessionscope`` command: look into, check, copy and move stores; bench and replay.
 
-Exit codes: 0 success, 1 a replay whose verification failed (or that failed
-midway), 2 bad usage or input (unknown URI, missing or malformed trace).
+Exit codes: 0 success; 1 the command ran and found a problem or failed (a
+store that does not verify, a damaged or busy store, a refused dump, a
+migration whose copies differ, a replay whose verification failed); 2 bad
+usage or input (unknown URI scheme, a path that holds no store or a store
+of a newer format, a non-empty backup directory, a missing or malformed
+trace). ``tail --follow`` runs until interrupted (Ctrl-C or SIGTERM) and
+then exits 0. Every failure is one line on stderr, never a traceback.
+
+Only argparse is imported at start: each command imports what it needs, so
+``sessionscope --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,11 +19,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .errors import SessionscopeError
-from .replay import TargetError, open_target, replay
-from .trace import TraceError, TraceSpec, generate_trace, load_trace, sample_trace_path
 
 __all__ = ["main"]
 
@@ -24,8 +31,7 @@ _STORES = (
     "adk-memory://, adk-sqlite:///path, adk-database://SQLALCHEMY-URL"
 )
 
-
-_DEFAULT_SPEC = TraceSpec()
+_STORE_URIS = "lmdb:///path (or lmdb://relative/path), memory://"
 
 
 class UsageError(Exception):
@@ -35,8 +41,10 @@ class UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sessionscope",
-        description="Benchmark and replay AI-agent session stores.",
-        epilog="Run 'sessionscope bench' to compare every session store on this machine.",
+        description="Look into, check, back up and move session stores; benchmark and "
+        "replay them. Every store command takes a URI: " + _STORE_URIS + ".",
+        epilog="Run 'sessionscope COMMAND --help' for a command's options. Exit status: 0 "
+        "success, 1 a problem found or a failure, 2 bad usage or input.",
     )
     parser.add_argument("--version", action="version", version=f"sessionscope {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -88,16 +96,171 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-reads", action="store_true", help="only creates and appends")
 
-    export = commands.add_parser(
-        "export",
-        help="write the sessions of a store as a trace",
-        description="Write every session of an app (or of one user) in a store as a trace.",
-    )
-    export.add_argument("out", type=Path, help="the trace file to write")
-    export.add_argument("--store", required=True, metavar="URI", help="memory:// or lmdb:///path")
-    export.add_argument("--app", required=True, help="the app whose sessions to export")
-    export.add_argument("--user", help="only this user's sessions")
+    _store_commands(commands)
     return parser
+
+
+def _store_commands(commands: Any) -> None:
+    """Add the commands that look into, check, copy and move a store."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", help="print one JSON document on stdout, for scripts"
+    )
+    common.add_argument("--no-progress", action="store_true", help="never draw progress bars")
+
+    def add(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return commands.add_parser(  # type: ignore[no-any-return]
+            name, help=summary, description=description, parents=[common]
+        )
+
+    def uri(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("uri", metavar="URI", help=f"the store: {_STORE_URIS}")
+
+    def session(parser: argparse.ArgumentParser) -> None:
+        uri(parser)
+        parser.add_argument("app", metavar="APP")
+        parser.add_argument("user", metavar="USER")
+        parser.add_argument("session", metavar="SESSION")
+
+    ls = add(
+        "ls",
+        "list apps, an app's users, or a user's sessions",
+        "Without --app, list the apps; with --app, its users; with --user too, the "
+        "user's sessions with event counts, sizes and last update (least recently "
+        "active first). Paged: a page ends with the --cursor of the next.",
+    )
+    uri(ls)
+    ls.add_argument("--app", help="list this app's users")
+    ls.add_argument("--user", help="with --app: list this user's sessions")
+    ls.add_argument("--limit", type=_positive, default=50, help="entries per page (50)")
+    ls.add_argument("--cursor", help="start after this cursor, printed by the page before")
+
+    show = add(
+        "show",
+        "print a session's state by scope and its last events",
+        "Print a session's state grouped by scope (app:, user:, session) and its last events.",
+    )
+    session(show)
+    show.add_argument(
+        "--last",
+        type=_natural,
+        default=10,
+        metavar="N",
+        help="how many of the last events to print (10)",
+    )
+
+    tail = add(
+        "tail",
+        "print a session's last events; --follow prints new ones as they come",
+        "Print a session's last events; with --follow, go on printing each event "
+        "another process appends, until interrupted (Ctrl-C or SIGTERM: exit 0). With "
+        "--json, one JSON object per event and line.",
+    )
+    session(tail)
+    tail.add_argument(
+        "--last",
+        type=_natural,
+        default=10,
+        metavar="N",
+        help="how many of the last events to print first (10)",
+    )
+    tail.add_argument("--follow", "-f", action="store_true", help="wait for new events")
+    tail.add_argument(
+        "--interval",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="how often --follow looks for new events (0.2)",
+    )
+
+    stats = add(
+        "stats",
+        "sessions, events and bytes per app and scope; file size, free pages",
+        "Count sessions, events and bytes (keys and packed values) per app and per "
+        "scope; for LMDB also the file's size, its pages in use and its free pages "
+        "(pages no database holds, which later writes reuse and compact removes).",
+    )
+    uri(stats)
+
+    verify = add(
+        "verify",
+        "check a store's file and its logic; exit 0 only when clean",
+        "Check the store's structure (the LMDB file) and its logic: every session's "
+        "count matches its events, every index entry points at a record and back, no "
+        "data without a record. Exit 0 when clean, 1 listing the problems found.",
+    )
+    uri(verify)
+
+    backup = add(
+        "backup",
+        "copy a live LMDB store into a new directory, then verify the copy",
+        "Copy one consistent snapshot of an LMDB store, compacted, while writers go on, "
+        "into DEST (new, or an empty directory); the copy opens as lmdb://DEST and is "
+        "verified before the command succeeds.",
+    )
+    uri(backup)
+    backup.add_argument("dest", metavar="DEST", help="a new or empty directory")
+
+    compact = add(
+        "compact",
+        "rewrite an LMDB store without free pages, via a verified copy",
+        "Copy the store with compaction next to it, verify the copy and swap its file "
+        "in by one rename. Refused while another process has the store open.",
+    )
+    uri(compact)
+
+    export = add(
+        "export",
+        "write a store (or an app or user) as a dump, or an app as a trace",
+        "Write a versioned, checksummed dump of every app, user state, session and "
+        "event (gzip when OUT ends in .gz); or, with --format trace, an app's sessions "
+        "as a trace that replay takes.",
+    )
+    uri(export)
+    export.add_argument("out", metavar="OUT", type=Path, help="the file to write")
+    export.add_argument("--app", help="only this app (needed by --format trace)")
+    export.add_argument("--user", help="only this user of --app")
+    export.add_argument(
+        "--format", choices=("dump", "trace"), default="dump", help="dump (default) or trace"
+    )
+
+    imp = add(
+        "import",
+        "load a dump into a store; a truncated or altered dump changes nothing",
+        "Check a dump whole (its trailer's counts and checksum) and only then load it "
+        "into the store, created if missing. Importing twice changes nothing.",
+    )
+    uri(imp)
+    imp.add_argument("source", metavar="IN", type=Path, help="a dump written by export")
+
+    migrate = add(
+        "migrate",
+        "copy sessions from google-adk's own session services",
+        "Copy every session, event and app:/user: state from an ADK session service "
+        "(sqlite:///path for SqliteSessionService, a SQLAlchemy URL such as "
+        "sqlite+aiosqlite:///path or postgresql+asyncpg://... for "
+        "DatabaseSessionService), then read both back through ADK and report any "
+        "difference (exit 1). Re-running is a no-op; an interrupted run resumes.",
+    )
+    migrate.add_argument("--from", dest="source", required=True, metavar="ADK-URI")
+    migrate.add_argument(
+        "--to",
+        dest="to",
+        required=True,
+        metavar="URI",
+        help=f"the store to copy into: {_STORE_URIS}",
+    )
+    migrate.add_argument("--app", help="only this app")
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -133,6 +296,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from .replay import TargetError, open_target, replay
+    from .trace import TraceError, load_trace, sample_trace_path
+
     path = Path(args.trace)
     if args.trace == "sample" and not path.exists():
         path = sample_trace_path()
@@ -169,6 +335,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .trace import TraceSpec, generate_trace
+
+    default = TraceSpec()
     low, high = args.turns
     if low > high:
         raise UsageError(f"--turns {low} {high}: the minimum is above the maximum")
@@ -179,51 +348,30 @@ def _generate(args: argparse.Namespace) -> int:
         turns=(low, high),
         seed=args.seed,
         get_every_turn=not args.no_reads,
-        list_every=0 if args.no_reads else _DEFAULT_SPEC.list_every,
-        delete_fraction=0.0 if args.no_reads else _DEFAULT_SPEC.delete_fraction,
+        list_every=0 if args.no_reads else default.list_every,
+        delete_fraction=0.0 if args.no_reads else default.delete_fraction,
     )
     count = generate_trace(args.out, spec)
     print(f"wrote {count:,} calls to {args.out}")
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from .stores import open_store
-    from .trace import export_trace
-
-    if args.store.startswith("lmdb:") and not _lmdb_path_exists(args.store):
-        raise UsageError(f"{args.store}: no store at that path")
-    try:
-        store = open_store(args.store)
-    except (ValueError, SessionscopeError) as error:
-        raise UsageError(str(error)) from None
-    try:
-        count = export_trace(store, args.app, args.out, user_id=args.user)
-    finally:
-        store.close()
-    print(f"wrote {count:,} calls to {args.out}")
-    return 0
-
-
-def _lmdb_path_exists(uri: str) -> bool:
-    from urllib.parse import unquote, urlsplit
-
-    parts = urlsplit(uri)
-    return Path(unquote(parts.netloc + parts.path)).exists()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"bench": _bench, "replay": _replay, "generate": _generate, "export": _export}
     if args.command is None:
         parser.print_help()
         return 2
+    handlers = {"bench": _bench, "replay": _replay, "generate": _generate}
     try:
-        return handlers[args.command](args)
+        if args.command in handlers:
+            return handlers[args.command](args)
+        from .commands import HANDLERS
+
+        return HANDLERS[args.command](args)
     except UsageError as error:
-        print(f"sessionscope {args.command}: error: {error}", file=sys.stderr)
+        _fail(args.command, str(error))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -232,3 +380,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. head) went away: not an error of ours.
         sys.stderr.close()
         return 0
+    except ModuleNotFoundError as error:
+        extra = {"rich": "cli", "google": "adk"}.get((error.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        _fail(args.command, f"this needs {error.name}: pip install 'sessionscope[{extra}]'")
+        return 1
+    except (SessionscopeError, OSError, ValueError) as error:
+        # A refused dump is a ValueError; a store that fails is a StoreError.
+        _fail(args.command, f"{type(error).__name__}: {error}")
+        return 1
+
+
+def _fail(command: str, message: str) -> None:
+    """Print one line on stderr: which command failed and why."""
+    line = " ".join(message.split())
+    print(f"sessionscope {command}: error: {line}", file=sys.stderr)

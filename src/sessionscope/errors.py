@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "CorruptStoreError",
+    "DumpError",
     "DuplicateEventError",
     "IncompatibleStoreError",
     "ReadonlyStateError",
@@ -18,6 +20,7 @@ __all__ = [
     "StateValueError",
     "StoreClosedError",
     "StoreError",
+    "UnsafeStoreError",
 ]
 
 
@@ -66,3 +69,23 @@ class IncompatibleStoreError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store was used after close()."""
+
+
+class CorruptStoreError(StoreError):
+    """The store's files are damaged: truncated, overwritten or unreadable."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(
+            message,
+            hint
+            or "the store is damaged: restore it from a backup; `sessionscope verify` "
+            "checks a store without opening it",
+        )
+
+
+class UnsafeStoreError(StoreError):
+    """The store's directory or files could be changed by someone else, or were."""
+
+
+class DumpError(SessionscopeError, ValueError):
+    """A dump is truncated, altered, of a newer format, or conflicts with the store."""

@@ -20,7 +20,6 @@ import gc
 import importlib
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from .console import Column, Progress, render_table
 from .core import TEMP_PREFIX
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
@@ -394,49 +394,6 @@ def open_target(uri: str) -> Target:
     return AdkTarget(uri, service)
 
 
-# -- progress --------------------------------------------------------------------
-
-
-class Progress:
-    """A one-line progress bar on a terminal; silent anywhere else."""
-
-    def __init__(self, total: int, label: str, stream: IO[str] | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = total > 0 and self.stream.isatty()
-        self.total = total
-        self.label = label
-        self.start = time.perf_counter()
-        self.shown = 0.0
-        self.done = 0
-
-    def update(self, done: int) -> None:
-        """Redraw the bar, at most ten times a second."""
-        if not self.enabled:
-            return
-        self.done = done
-        now = time.perf_counter()
-        if now - self.shown < 0.1 and done < self.total:
-            return
-        self.shown = now
-        fraction = done / self.total
-        width = 30
-        filled = int(fraction * width)
-        rate = done / max(now - self.start, 1e-9)
-        bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(
-            f"\r{self.label} [{bar}] {fraction:6.1%} {done}/{self.total} {rate:,.0f} ops/s"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the bar's line."""
-        if self.enabled:
-            self.shown = 0.0
-            self.update(self.done)
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 # -- replay ----------------------------------------------------------------------
 
 
@@ -490,15 +447,29 @@ class ReplayResult:
             f"calls    {self.ops:,} in {self.elapsed_s:.2f} s: {self.ops_per_s:,.0f} calls/s",
             f"events   {self.events:,} stored: {self.events_per_s:,.0f} events/s of append time",
             "",
-            f"{'operation':<14}{'count':>9}{'p50 us':>11}{'p90 us':>11}{'p99 us':>11}"
-            f"{'total s':>10}",
+            render_table(
+                [
+                    "operation",
+                    Column("count", True),
+                    Column("p50 us", True),
+                    Column("p90 us", True),
+                    Column("p99 us", True),
+                    Column("total s", True),
+                ],
+                [
+                    [
+                        name,
+                        f"{stats.count:,}",
+                        f"{stats.p50:.1f}",
+                        f"{stats.p90:.1f}",
+                        f"{stats.p99:.1f}",
+                        f"{stats.total_s:.2f}",
+                    ]
+                    for name, stats in self.latency.items()
+                ],
+            ),
+            "",
         ]
-        for name, stats in self.latency.items():
-            lines.append(
-                f"{name:<14}{stats.count:>9,}{stats.p50:>11.1f}{stats.p90:>11.1f}"
-                f"{stats.p99:>11.1f}{stats.total_s:>10.2f}"
-            )
-        lines.append("")
         if not self.verified:
             lines.append("verify   skipped")
         elif self.problems:

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import heapq
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,13 @@ from .model import (
     new_session_id,
 )
 from .stores import Store, open_store
-from .stores.base import AppendRequest, AppendResult, LoadedSession, SessionRecord
+from .stores.base import (
+    AppendRequest,
+    AppendResult,
+    LoadedSession,
+    SessionRecord,
+    marker_position,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,6 +63,8 @@ __all__ = [
 S = TypeVar("S")
 E = TypeVar("E")
 MAX_ID_BYTES = 4096
+# Makes each merge of a locked append into its live session one step.
+_live_merge = threading.Lock()
 # A str of this many characters is at most MAX_ID_BYTES of UTF-8.
 _SHORT_ID = MAX_ID_BYTES // 4
 
@@ -438,6 +447,46 @@ class ServiceCore(Generic[S, E]):
         """Return the app map, keys without prefix."""
         return self.store.read_app_state(check_id(app_name, "app_name"))
 
+    # -- retention -------------------------------------------------------
+
+    def check_truncate(
+        self,
+        app_name: object,
+        user_id: object,
+        session_id: object,
+        before: object,
+        keep_last: object,
+    ) -> tuple[str, str, str, float | None, int | None]:
+        """Return a truncation's checked (app, user, session, before, keep_last).
+
+        Exactly one of ``before`` (a finite timestamp) and ``keep_last`` (an
+        int of 0 or more) is given.
+        """
+        key = self.check_key(app_name, user_id, session_id)
+        if (before is None) == (keep_last is None):
+            raise ValueError("give exactly one of before and keep_last")
+        if keep_last is not None:
+            if isinstance(keep_last, bool) or not isinstance(keep_last, int):
+                raise ValueError(f"keep_last must be an int, not {keep_last!r}")
+            if keep_last < 0:
+                raise ValueError(f"keep_last must be 0 or more, not {keep_last}")
+            return (*key, None, keep_last)
+        if isinstance(before, bool) or not isinstance(before, (int, float)):
+            raise ValueError(f"before must be a timestamp (a number), not {before!r}")
+        if not math.isfinite(before):
+            raise ValueError(f"before must be a finite timestamp, not {before!r}")
+        return (*key, float(before), None)
+
+    @staticmethod
+    def check_expiry(app_name: object, idle_for: object) -> tuple[str | None, float]:
+        """Return an expiry's checked (app or None, idle cutoff time)."""
+        app = None if app_name is None else check_id(app_name, "app_name")
+        if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)):
+            raise ValueError(f"idle_for must be a number of seconds, not {idle_for!r}")
+        if not math.isfinite(idle_for) or idle_for < 0:
+            raise ValueError(f"idle_for must be a finite number of seconds >= 0, not {idle_for!r}")
+        return app, time.time() - idle_for
+
     # -- append ----------------------------------------------------------
 
     def prepare_append(self, session: S, event: E, locked: bool) -> PreparedAppend | None:
@@ -501,29 +550,72 @@ class ServiceCore(Generic[S, E]):
         self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
     ) -> E:
         """Bring the live session up to date with what the store took."""
-        if result.duplicate or result.marker is None:
+        marker = result.marker
+        if result.duplicate or marker is None:
+            return event
+        if result.stored_state is not None:
+            # Finishes of locked appends to one live session may come from
+            # several threads at once: each merge is a few list and dict
+            # operations, done one at a time.
+            with _live_merge:
+                self._merge_locked(session, event, prepared, result)
             return event
         state, events, _ = self.model.live_parts(session)
-        stored = result.stored_state
-        if stored is not None:
-            # A locked append: the stored maps hold every delta, this one's,
-            # missed ones' and other sessions' to the shared maps. Temp keys
-            # live only here and stay.
-            temp = {k: v for k, v in state.items() if k.startswith(TEMP_PREFIX)}
-            state.clear()
-            state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
-            state.update(temp)
-        elif prepared.delta:
+        if prepared.delta:
             apply_delta(state, prepared.delta)
         if prepared.temp:
             apply_delta(state, prepared.temp)
-        missed = self.model.decode_events(result.missed_events) if result.missed_events else []
-        if result.replace_events:
-            events.clear()
-        events.extend(missed)
         events.append(event)
-        self.model.update_session(session, result.last_update_time, result.marker)
+        self.model.update_session(session, result.last_update_time, marker)
         return event
+
+    def _merge_locked(
+        self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
+    ) -> None:
+        """Merge a locked append's result into the live session, by position.
+
+        The result holds the stored events from ``first_missed`` up to this
+        append's own, and the maps after it. Locked appends to one live
+        session finish in any order, each against the marker the session held
+        when it was prepared, so the merge goes by what the live session holds
+        now: a result older than it adds nothing (but its event object takes
+        the place of the stored copy another finish brought in), a newer one
+        adds only the positions the session lacks and brings its state.
+        """
+        model = self.model
+        state, events, _ = model.live_parts(session)
+        held = marker_position(model.marker(session))
+        now = marker_position(result.marker)
+        if held is not None and now is not None and now <= held:
+            if now[0] == held[0]:
+                index = len(events) - (held[1] - now[1]) - 1
+                if 0 <= index < len(events):
+                    events[index] = event
+            if prepared.temp:
+                apply_delta(state, prepared.temp)
+            return
+        stored = result.stored_state
+        assert stored is not None
+        # The stored maps hold every delta, this one's, missed ones' and other
+        # sessions' to the shared maps. Temp keys live only here and stay.
+        temp = {k: v for k, v in state.items() if k.startswith(TEMP_PREFIX)}
+        state.clear()
+        state.update(merge_scopes(stored.app_state, stored.user_state, stored.session_state))
+        state.update(temp)
+        if prepared.temp:
+            apply_delta(state, prepared.temp)
+        missed = model.decode_events(result.missed_events) if result.missed_events else []
+        if held is not None and now is not None and now[0] == held[0]:
+            # The session holds positions up to held[1]; the result starts at first_missed.
+            skip = held[1] - result.first_missed
+            new = [*missed, event][max(0, skip) :]
+        else:
+            new = [*missed, event]
+            if result.replace_events:
+                events.clear()
+        events.extend(new)
+        assert result.marker is not None
+        model.update_session(session, result.last_update_time, result.marker)
 
 
 def _list_order(record: SessionRecord) -> tuple[float, str, str]:
@@ -577,7 +669,7 @@ def _meta(record: SessionRecord) -> SessionMeta:
         record.user_id,
         record.last_update_time,
         record.create_time,
-        record.event_count,
+        record.stored_count,
         record.marker,
     )
 
@@ -686,6 +778,43 @@ class AsyncSessions(Generic[S, E]):
     async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
         return await self.store.aio.read_app_state(check_id(app_name, "app_name"))
+
+    async def truncate_events(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None = None,
+        keep_last: int | None = None,
+    ) -> int:
+        """Remove a session's events before a time, or all but the last ``keep_last``.
+
+        State stays; the session's revision moves, so copies read before are
+        stale. Return how many events went. A missing session raises
+        SessionNotFoundError.
+        """
+        checked = self._core.check_truncate(app_name, user_id, session_id, before, keep_last)
+        try:
+            return await self.store.aio.truncate_events(*checked)
+        except SessionscopeError as error:
+            self._raise(error)
+
+    async def expire_sessions(self, *, app_name: str | None = None, idle_for: float) -> int:
+        """Delete the sessions (of one app, or all) idle for more than ``idle_for`` seconds.
+
+        Return how many went; a session appended to meanwhile survives whole.
+        """
+        return await self.store.aio.expire_sessions(*self._core.check_expiry(app_name, idle_for))
+
+    async def delete_user(self, *, app_name: str, user_id: str) -> int:
+        """Delete every session of a user and the user's state; return the sessions removed."""
+        app, user = check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        return await self.store.aio.delete_user(app, user)
+
+    async def delete_app(self, *, app_name: str) -> int:
+        """Delete every session and all state of an app; return the sessions removed."""
+        return await self.store.aio.delete_app(check_id(app_name, "app_name"))
 
     async def flush(self) -> None:
         """Return once every acknowledged append is durable."""
@@ -847,6 +976,40 @@ class SyncSessionService:
     def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
         return self._core.read_app_state(app_name)
+
+    def truncate_events(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None = None,
+        keep_last: int | None = None,
+    ) -> int:
+        """Remove a session's events before a time, or all but the last ``keep_last``.
+
+        State stays; the session's revision moves, so copies read before are
+        stale. Return how many events went. A missing session raises
+        SessionNotFoundError.
+        """
+        checked = self._core.check_truncate(app_name, user_id, session_id, before, keep_last)
+        return self.store.truncate_events(*checked).result()
+
+    def expire_sessions(self, *, app_name: str | None = None, idle_for: float) -> int:
+        """Delete the sessions (of one app, or all) idle for more than ``idle_for`` seconds.
+
+        Return how many went; a session appended to meanwhile survives whole.
+        """
+        return self.store.expire_sessions(*self._core.check_expiry(app_name, idle_for)).result()
+
+    def delete_user(self, *, app_name: str, user_id: str) -> int:
+        """Delete every session of a user and the user's state; return the sessions removed."""
+        app, user = check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        return self.store.delete_user(app, user).result()
+
+    def delete_app(self, *, app_name: str) -> int:
+        """Delete every session and all state of an app; return the sessions removed."""
+        return self.store.delete_app(check_id(app_name, "app_name")).result()
 
     def flush(self) -> None:
         """Return once every acknowledged append is durable."""

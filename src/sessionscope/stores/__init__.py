@@ -18,7 +18,10 @@ _LMDB_OPTIONS: dict[str, Any] = {
     "flush_interval": float,
     "file_mode": lambda text: int(text, 8),
     "max_readers": int,
+    "session_ttl": float,
 }
+# memory:// takes only this one.
+_MEMORY_OPTIONS: dict[str, Any] = {"session_ttl": float}
 
 
 def open_store(uri: str, **options: Any) -> Store:
@@ -26,15 +29,21 @@ def open_store(uri: str, **options: Any) -> Store:
     ``redis://host:port/db?ttl=3600&prefix=name``, ``rediss://...`` (TLS) or
     ``redis+cluster://host:port,host:port?...`` (Redis Cluster).
 
-    Keyword options override those of the query.
+    Keyword options override those of the query. Both take ``session_ttl``
+    (seconds): sessions idle for longer are expired in the background.
     """
     if not isinstance(uri, str):
         raise ValueError(f"uri must be a str, not {type(uri).__name__}")
     parts = urlsplit(uri)
     if parts.scheme == "memory":
-        if options or parts.query:
-            raise ValueError("memory:// takes no options")
-        return MemoryStore()
+        if parts.netloc or parts.path:
+            raise ValueError(f"memory:// names no path, not {uri!r}")
+        parsed = _options("memory", parts.query, _MEMORY_OPTIONS)
+        unknown = sorted(set(options) - set(_MEMORY_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown memory:// option {unknown[0]!r}; known: session_ttl")
+        parsed.update(options)
+        return MemoryStore(**parsed)
     if parts.scheme in _REDIS_SCHEMES:
         return _open_redis(uri, parts.scheme, options)
     if parts.scheme != "lmdb":
@@ -46,14 +55,7 @@ def open_store(uri: str, **options: Any) -> Store:
     path = unquote(parts.netloc + parts.path)
     if not path:
         raise ValueError(f"{uri!r} names no path")
-    parsed: dict[str, Any] = {}
-    for name, text in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _LMDB_OPTIONS:
-            raise ValueError(f"unknown lmdb:// option {name!r}; known: {sorted(_LMDB_OPTIONS)}")
-        try:
-            parsed[name] = _LMDB_OPTIONS[name](text)
-        except ValueError:
-            raise ValueError(f"lmdb:// option {name}={text!r} is not valid") from None
+    parsed = _options("lmdb", parts.query, _LMDB_OPTIONS)
     parsed.update(options)
     return LmdbStore(path, **parsed)
 
@@ -78,16 +80,7 @@ def _open_redis(uri: str, scheme: str, options: dict[str, Any]) -> Store:
             f"{scheme}:// needs the redis extra: pip install 'sessionscope[redis]' ({error})"
         ) from None
     parts = urlsplit(uri)
-    parsed: dict[str, Any] = {}
-    for name, text in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _REDIS_OPTIONS:
-            raise ValueError(
-                f"unknown {scheme}:// option {name!r}; known: {sorted(_REDIS_OPTIONS)}"
-            )
-        try:
-            parsed[name] = _REDIS_OPTIONS[name](text)
-        except ValueError:
-            raise ValueError(f"{scheme}:// option {name}={text!r} is not valid") from None
+    parsed = _options(scheme, parts.query, _REDIS_OPTIONS)
     parsed.update(options)
     if scheme != "redis+cluster":
         return RedisStore(parts._replace(query="").geturl(), **parsed)
@@ -98,3 +91,16 @@ def _open_redis(uri: str, scheme: str, options: dict[str, Any]) -> Store:
             raise ValueError(f"{uri!r}: name each cluster node as host:port, not {node!r}")
         nodes.append((host.strip("[]"), int(port)))
     return RedisStore(cluster=nodes, **parsed)
+
+
+def _options(scheme: str, query: str, known: dict[str, Any]) -> dict[str, Any]:
+    """Return the options of a URI's query, each read as ``known`` says."""
+    parsed: dict[str, Any] = {}
+    for name, text in parse_qsl(query, keep_blank_values=True):
+        if name not in known:
+            raise ValueError(f"unknown {scheme}:// option {name!r}; known: {sorted(known)}")
+        try:
+            parsed[name] = known[name](text)
+        except ValueError:
+            raise ValueError(f"{scheme}:// option {name}={text!r} is not valid") from None
+    return parsed

@@ -30,15 +30,23 @@ __all__ = [
     "AsyncStore",
     "BatchOutcome",
     "Completion",
+    "EventCopy",
+    "Expirer",
     "InlineAsyncStore",
     "LoadedSession",
     "Pending",
+    "SessionCopy",
     "SessionRecord",
     "Store",
     "catch_up",
     "check_append",
+    "check_copy",
+    "check_ttl",
+    "copies_equal",
+    "event_copy",
     "events_seen",
     "finish_all",
+    "marker_position",
 ]
 
 T = TypeVar("T")
@@ -188,11 +196,28 @@ class SessionRecord:
     last_update_time: float
     event_count: int = 0
     last_event_id: str | None = None
+    # Events removed by truncation. ``event_count`` counts every event ever
+    # appended (it is also the position the next one takes), so the events
+    # stored are ``event_count - removed_count``. Records of format 1 have
+    # the eight fields above; this one is written only once it is not zero.
+    removed_count: int = 0
 
     @property
     def marker(self) -> str:
-        """Return the revision marker: which session, after how many events."""
+        """Return the revision marker: which session, after how many events and removals.
+
+        ``number:appended`` while nothing was removed (as format 1 wrote it),
+        ``number:appended:removed`` after a truncation, so that a copy read
+        before a truncation no longer matches.
+        """
+        if self.removed_count:
+            return f"{self.number}:{self.event_count}:{self.removed_count}"
         return f"{self.number}:{self.event_count}"
+
+    @property
+    def stored_count(self) -> int:
+        """Return how many events the session stores now."""
+        return self.event_count - self.removed_count
 
     def advance(self, event_id: str, timestamp: float) -> None:
         """Move past an event appended to the session."""
@@ -211,7 +236,7 @@ class SessionRecord:
             self.last_update_time,
             self.event_count,
             self.last_event_id,
-        ]
+        ] + ([self.removed_count] if self.removed_count else [])
 
     @classmethod
     def from_list(cls, fields: list[Any]) -> SessionRecord:
@@ -267,6 +292,11 @@ class AppendResult:
     # created again), all stored events, and ``replace_events`` is set.
     missed_events: list[bytes] = field(default_factory=list)
     replace_events: bool = False
+    # The position in the session of the first missed event: the result holds
+    # the stored events from there up to this append's, which is the last.
+    # Finishes of concurrent locked appends may arrive in any order; positions
+    # let each one add only what the live session does not hold yet.
+    first_missed: int = 0
     # For a locked append: the stored maps after it. Other sessions write the
     # app and user maps too, so replaying missed events would not suffice.
     stored_state: LoadedSession | None = None
@@ -274,6 +304,23 @@ class AppendResult:
 
 # What a batch append did: a result per request appended, and what stopped it.
 BatchOutcome = tuple[list[AppendResult], "BaseException | None"]
+
+
+def marker_position(marker: str | None) -> tuple[int, int] | None:
+    """Return (session number, event count) of a revision marker; None for another form.
+
+    Session numbers only grow, so a later revision of a session (or a session
+    created later under the same id) compares greater. The count is of events
+    ever appended; a marker after a truncation carries a third part (events
+    removed), which does not change the position.
+    """
+    if marker is None:
+        return None
+    number, _, rest = marker.partition(":")
+    count, _, removed = rest.partition(":")
+    if not number.isdigit() or not count.isdigit() or not (removed.isdigit() or not removed):
+        return None
+    return int(number), int(count)
 
 
 def check_append(
@@ -318,17 +365,20 @@ def check_append(
 def events_seen(
     request: AppendRequest, record: SessionRecord, seq_of: Callable[[str], int | None]
 ) -> int | None:
-    """Return how many stored events the caller's copy has, or None when unknown.
+    """Return how many events the caller's copy has seen, or None when unknown.
 
-    A marker of this session says it (a marker of an earlier session under the
-    same id says nothing); a hand-built copy has seen up to its last event,
+    The count is of events ever appended, the position the next one takes:
+    a truncation does not change it, so ``events(count)`` in ``catch_up``
+    still reads exactly what the copy lacks. A marker of this session says
+    it (a marker of an earlier session under the same id says nothing); a
+    hand-built copy has seen up to its last event,
     looked up by id with ``seq_of``, or none at all when it has no events.
     """
     if request.marker is not None:
-        number, _, count = request.marker.partition(":")
-        if number != str(record.number) or not count.isdigit():
+        position = marker_position(request.marker)
+        if position is None or position[0] != record.number:
             return None
-        return int(count)
+        return position[1]
     if request.caller_last_event_id is None:
         return 0
     seq = seq_of(request.caller_last_event_id)
@@ -343,13 +393,14 @@ def catch_up(
 ) -> AppendResult:
     """Fill a locked append's result with what the caller's copy lacks.
 
-    ``events(start)`` reads the stored events from ``start`` up to, not
-    including, the one just appended; ``stored_state()`` the maps after it.
+    ``events(start)`` reads the stored events from position ``start`` up to,
+    not including, the one just appended (positions a truncation removed are
+    skipped); ``stored_state()`` the maps after it.
     """
     if known is None:
         result.missed_events, result.replace_events = events(0), True
     else:
-        result.missed_events = events(known)
+        result.missed_events, result.first_missed = events(known), known
     result.stored_state = stored_state()
     return result
 
@@ -426,6 +477,71 @@ class Store(Protocol):
         """Flush and release the store; later calls raise StoreClosedError."""
         ...
 
+    # -- retention and copies (see the module's "Retention" notes) --------
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove a session's events with ``timestamp < before``, or all but the last ``keep_last``.
+
+        Exactly one of the two is given (the service checks it). State and
+        ``last_update_time`` stay; ``removed_count`` grows by the number
+        removed, so the marker moves whenever an event went. Return that
+        number. A store may remove in several transactions, oldest
+        positions first; each leaves the session readable and consistent.
+        SessionNotFoundError if the session does not exist.
+        """
+        ...
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions (of one app, or all) whose ``last_update_time < idle_before``.
+
+        Works in batches bounded in count and time; each session is checked
+        again inside the transaction that deletes it, so one appended to
+        meanwhile survives whole. Return how many sessions went.
+        """
+        ...
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user and the user's state map; return the sessions removed."""
+        ...
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session, user map and the app map of an app; return the sessions removed."""
+        ...
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted."""
+        ...
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted."""
+        ...
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given: times, state and events, in one transaction.
+
+        The record gets ``copy.create_time`` and ``copy.last_update_time``
+        exactly; events keep their ids, timestamps and records, in order.
+        Return True when written, False when an equal session is already
+        stored (restoring twice is a no-op); AlreadyExistsError when a
+        different one is. App and user state are written separately.
+        """
+        ...
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map (keys without prefix), leaving other keys as they are."""
+        ...
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map (keys without prefix), leaving other keys as they are."""
+        ...
+
 
 class AsyncStore(Protocol):
     """The async face of a store: what the async services await.
@@ -493,6 +609,51 @@ class AsyncStore(Protocol):
 
     async def close(self) -> None:
         """Flush and release the store."""
+        ...
+
+    # -- retention and copies ----------------------------------------------
+
+    async def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> int:
+        """Remove old events of a session; see ``Store.truncate_events``."""
+        ...
+
+    async def expire_sessions(self, app_name: str | None, idle_before: float) -> int:
+        """Delete idle sessions; see ``Store.expire_sessions``."""
+        ...
+
+    async def delete_user(self, app_name: str, user_id: str) -> int:
+        """Delete a user's sessions and state; see ``Store.delete_user``."""
+        ...
+
+    async def delete_app(self, app_name: str) -> int:
+        """Delete everything of an app; see ``Store.delete_app``."""
+        ...
+
+    async def list_apps(self) -> list[str]:
+        """Return the apps of the store; see ``Store.list_apps``."""
+        ...
+
+    async def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app; see ``Store.list_users``."""
+        ...
+
+    async def restore_session(self, copy: SessionCopy) -> bool:
+        """Write a whole session as given; see ``Store.restore_session``."""
+        ...
+
+    async def write_app_state(self, app_name: str, items: Items) -> None:
+        """Set keys of the app map; see ``Store.write_app_state``."""
+        ...
+
+    async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
+        """Set keys of a user map; see ``Store.write_user_state``."""
         ...
 
 
@@ -568,3 +729,203 @@ class InlineAsyncStore:
     async def close(self) -> None:
         """Flush and release the store."""
         self._store.close()
+
+    # Retention works in several transactions, some of which may wait for the
+    # disk: it runs in a worker thread so the event loop goes on meanwhile.
+
+    async def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> int:
+        """Remove old events of a session; see ``Store.truncate_events``."""
+        store = self._store
+        return await asyncio.to_thread(
+            lambda: store.truncate_events(app_name, user_id, session_id, before, keep_last).result()
+        )
+
+    async def expire_sessions(self, app_name: str | None, idle_before: float) -> int:
+        """Delete idle sessions; see ``Store.expire_sessions``."""
+        store = self._store
+        return await asyncio.to_thread(
+            lambda: store.expire_sessions(app_name, idle_before).result()
+        )
+
+    async def delete_user(self, app_name: str, user_id: str) -> int:
+        """Delete a user's sessions and state; see ``Store.delete_user``."""
+        store = self._store
+        return await asyncio.to_thread(lambda: store.delete_user(app_name, user_id).result())
+
+    async def delete_app(self, app_name: str) -> int:
+        """Delete everything of an app; see ``Store.delete_app``."""
+        store = self._store
+        return await asyncio.to_thread(lambda: store.delete_app(app_name).result())
+
+    async def list_apps(self) -> list[str]:
+        """Return the apps of the store; see ``Store.list_apps``."""
+        return self._store.list_apps()
+
+    async def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app; see ``Store.list_users``."""
+        return self._store.list_users(app_name)
+
+    async def restore_session(self, copy: SessionCopy) -> bool:
+        """Write a whole session as given; see ``Store.restore_session``."""
+        return await self._store.restore_session(copy)
+
+    async def write_app_state(self, app_name: str, items: Items) -> None:
+        """Set keys of the app map; see ``Store.write_app_state``."""
+        await self._store.write_app_state(app_name, items)
+
+    async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
+        """Set keys of a user map; see ``Store.write_user_state``."""
+        await self._store.write_user_state(app_name, user_id, items)
+
+
+# -- retention and copies ------------------------------------------------
+#
+# Retention removes data for good: ``truncate_events`` events of one session
+# (its state stays), ``expire_sessions``, ``delete_user`` and ``delete_app``
+# whole sessions. A store that other processes write to works in batches
+# bounded in count and in time (``BATCH_SECONDS``), so that no append waits
+# long for its write lock, and checks each session again inside the batch
+# that removes it.
+#
+# A ``SessionCopy`` is a whole session as ``restore_session`` writes it and
+# ``dump`` moves it between stores: exact times, packed state, and every
+# event with its id, timestamp and record.
+
+# How long one retention batch may work inside a write transaction.
+BATCH_SECONDS = 0.01
+# How many sessions (or events) one retention batch removes at most.
+BATCH_SESSIONS = 256
+BATCH_EVENTS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class EventCopy:
+    """An event as stored: its id, its timestamp and its record bytes."""
+
+    event_id: str
+    timestamp: float
+    record: bytes
+
+
+@dataclass(slots=True)
+class SessionCopy:
+    """A whole session as given to ``restore_session``; state items are packed values."""
+
+    app_name: str
+    user_id: str
+    session_id: str
+    create_time: float
+    last_update_time: float
+    session_items: Items = field(default_factory=list)
+    events: list[EventCopy] = field(default_factory=list)
+
+
+def event_copy(record: bytes, timestamp: float | None = None) -> EventCopy:
+    """Return the copy of a stored event record; its id (and time) are read from it.
+
+    Every event record is a map with ``id`` and ``timestamp``, whichever
+    model wrote it; a store that keeps the timestamp beside the record
+    passes it, so it is returned exactly as appended.
+    """
+    from ..codec import decode_event
+
+    fields = decode_event(record)
+    stamp = float(fields["timestamp"]) if timestamp is None else timestamp
+    return EventCopy(str(fields["id"]), stamp, record)
+
+
+def copies_equal(stored: SessionCopy, given: SessionCopy) -> bool:
+    """Tell whether a stored session holds exactly what a copy describes.
+
+    Values compare in type too (1, 1.0 and True differ), maps in any key order.
+    """
+    from ..codec import pack_event, unpack
+
+    if (
+        stored.create_time != given.create_time
+        or stored.last_update_time != given.last_update_time
+        or len(stored.events) != len(given.events)
+    ):
+        return False
+    state = {key: unpack(value) for key, value in stored.session_items}
+    other = {key: unpack(value) for key, value in given.session_items}
+    # events_equal compares two packed maps deeply and strictly: reuse it.
+    if not events_equal(pack_event(state), pack_event(other)):
+        return False
+    return all(
+        a.event_id == b.event_id and a.timestamp == b.timestamp and events_equal(a.record, b.record)
+        for a, b in zip(stored.events, given.events, strict=True)
+    )
+
+
+def check_copy(copy: SessionCopy) -> None:
+    """Refuse a copy whose events repeat an id; say which."""
+    seen: set[str] = set()
+    for event in copy.events:
+        if event.event_id in seen:
+            raise ValueError(
+                f"session {copy.session_id!r} copy holds event id {event.event_id!r} twice"
+            )
+        seen.add(event.event_id)
+
+
+class Expirer:
+    """A background thread that expires idle sessions of a store with ``session_ttl``.
+
+    It runs once at start, then every ``min(60, ttl / 2)`` seconds (at
+    least every second) until ``stop``; an error of one pass is kept in
+    ``last_error`` and the next pass runs all the same.
+    """
+
+    def __init__(self, store: Store, ttl: float) -> None:
+        self.ttl = ttl
+        self.interval = min(60.0, max(1.0, ttl / 2))
+        self.passes = 0
+        self.last_error: BaseException | None = None
+        self._store = store
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sessionscope-expirer", daemon=True)
+
+    @property
+    def stopping(self) -> bool:
+        """Tell whether the store is closing: a pass stops between batches."""
+        return self._stop.is_set()
+
+    def start(self) -> None:
+        """Start the thread; its first pass runs at once."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (a pass in progress ends after its batch)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.is_set():
+            try:
+                self._store.expire_sessions(None, time.time() - self.ttl).result()
+            except Exception as error:  # kept for whoever looks; the next pass retries
+                self.last_error = error
+            self.passes += 1
+            self._stop.wait(self.interval)
+
+
+def check_ttl(session_ttl: float | None) -> float | None:
+    """Return a valid ``session_ttl`` (positive seconds, or None)."""
+    if session_ttl is None:
+        return None
+    if isinstance(session_ttl, bool) or not isinstance(session_ttl, (int, float)):
+        raise ValueError(f"session_ttl must be a number of seconds, not {session_ttl!r}")
+    if not session_ttl > 0 or session_ttl != session_ttl or session_ttl == float("inf"):
+        raise ValueError(f"session_ttl must be a positive finite number, not {session_ttl!r}")
+    return float(session_ttl)

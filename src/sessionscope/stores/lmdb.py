@@ -32,33 +32,62 @@ background thread syncs every ``flush_interval`` seconds and on ``flush()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
+import math
+import mmap
 import os
+import shutil
+import stat
 import struct
+import sys
+import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import lru_cache
+from functools import lru_cache, partial
 from hashlib import blake2b
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lmdb
+import lmdb.verify as lmdb_verify
 
-from ..codec import pack, unpack
-from ..errors import AlreadyExistsError, IncompatibleStoreError, StoreClosedError, StoreError
+from ..codec import decode_event, pack, unpack
+from ..errors import (
+    AlreadyExistsError,
+    CorruptStoreError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreClosedError,
+    StoreError,
+    UnsafeStoreError,
+)
 from .base import (
+    BATCH_EVENTS,
+    BATCH_SECONDS,
+    BATCH_SESSIONS,
     AppendRequest,
     AppendResult,
     BatchOutcome,
     Completion,
+    EventCopy,
+    Expirer,
     InlineAsyncStore,
     Items,
     LoadedSession,
     Pending,
+    SessionCopy,
     SessionRecord,
     catch_up,
     check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
     events_seen,
     finish_all,
 )
@@ -76,15 +105,43 @@ _APP, _USER = b"a", b"u"
 _EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
 _FORMAT_KEY = b"format"
 _NUMBER_KEY = b"next_number"
+# Numbers of removed sessions whose state and events are still to delete.
+_PURGE = b"purge"
 _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 # The magic number at the start of every LMDB meta page (after the page header).
 _LMDB_MAGIC = 0xBEEFC0DE
 _MAX_BATCH = 1024
+# A map smaller than this cannot hold the named databases of a new store.
+_MIN_MAP_SIZE = 1 << 20
+# Each reader slot is a line of lock.mdb; more than this is a typo.
+_MAX_READERS = 1 << 20
+# LMDB 0.9's page header, and the fields of a meta page after it.
+_PAGE_HEADER = 16
+_META = struct.Struct("<IIQQ48s48sQQ")
+_DB_ROOT = struct.Struct("<Q")  # the root page number, last field of a database record
+_NO_PAGE = (1 << 64) - 1
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 # A write waiting for the group commit, and who waits for it.
 _Queued = tuple[Callable[[Any], Any], Pending[Any]]
+
+
+# The process the stores of this process were opened in. A forked child gets
+# its own id here, and a store opened in the parent refuses to work there.
+_process_pid = os.getpid()
+
+
+def _note_fork() -> None:
+    global _process_pid
+    _process_pid = os.getpid()
+    # The parent's stores are not open here; LMDB still counts them as open
+    # until the inherited objects are dropped.
+    _inherited.update(_open_here)
+    _open_here.clear()
+
+
+os.register_at_fork(after_in_child=_note_fork)
 
 
 def _unique_part(text: str) -> bytes:
@@ -194,58 +251,44 @@ class LmdbStore:
         flush_interval: float = 1.0,
         file_mode: int = 0o600,
         max_readers: int = 256,
+        session_ttl: float | None = None,
+        verify: bool = False,
+        trust_directory: bool = False,
     ) -> None:
-        if durability not in ("sync", "deferred"):
-            raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
-        if not isinstance(map_size, int) or map_size <= 0:
-            raise ValueError(f"map_size must be a positive int, not {map_size!r}")
-        if not flush_interval > 0:
-            raise ValueError(f"flush_interval must be positive, not {flush_interval!r}")
+        ttl = check_ttl(session_ttl)
+        map_size = _check_options(durability, map_size, flush_interval, file_mode, max_readers)
         self.path = Path(path)
         self.aio = InlineAsyncStore(self)
         self.durability: Durability = durability
         self.flush_interval = flush_interval
+        self._file_mode = file_mode
+        self._max_readers = max_readers
+        # A store belongs to the process that opened it: one that crossed a
+        # fork() refuses to be used in the child (see _check_open).
+        self._pid = _process_pid
         self._closed = False
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
-        try:
-            self._probe(self.path)
-        except lmdb.Error as error:
-            raise StoreError(
-                f"cannot open {self.path}: {error}",
-                hint="a process opens a store once: share the store object between services",
-            ) from error
+        self._check_files(trust_directory)
+        self._probe(self.path, verify)
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
-            self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
+            try:
+                self.path.mkdir(mode=file_mode | (file_mode & 0o444) >> 2, parents=True)
+            except OSError as error:
+                raise _open_failure(self.path, error) from error
+        self._env = self._open_env(map_size)
         try:
-            # No writable map: it would make a small commit cheaper, but LMDB
-            # then syncs by msync over the whole map, so a durable commit
-            # would grow slower as the store grows.
-            self._env = lmdb.open(
-                str(self.path),
-                map_size=map_size,
-                max_dbs=len(_DB_NAMES) + 2,
-                max_readers=max_readers,
-                max_spare_txns=16,
-                subdir=True,
-                sync=durability == "sync",
-                metasync=True,
-                readahead=False,
-                mode=file_mode,
-            )
-        except lmdb.InvalidError as error:
-            raise IncompatibleStoreError(
-                f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
-            ) from error
-        except lmdb.Error as error:
-            raise StoreError(
-                f"cannot open {self.path}: {error}",
-                hint="a process opens a store once: share the store object between services",
-            ) from error
-        try:
+            # Slots of readers whose process died without closing the store
+            # would otherwise stay taken until every process closed it.
+            self._env.reader_check()
+            self._map_size: int = self._env.info()["map_size"]
             self._dbs = self._open_databases()
+            self._lock_path = self.path / "lock.mdb"
+            self._lock_id = _file_id(self._lock_path)
+            self._data_id = _file_id(self.path / "data.mdb")
+            _open_here.add(self._data_id)
         except BaseException:
             self._env.close()
             raise
@@ -269,15 +312,47 @@ class LmdbStore:
         self._sync_waiters: list[Pending[None]] = []
         self._dirty = False
         if durability == "sync":
-            self._writer = threading.Thread(
-                target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
-            )
-            self._writer.start()
+            self._start_writer()
         else:
             self._syncer = threading.Thread(
                 target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
             )
             self._syncer.start()
+        # Expires idle sessions at open and then periodically, with session_ttl.
+        self.session_ttl = ttl
+        self._expirer = Expirer(self, ttl) if ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
+
+    def _start_writer(self) -> None:
+        self._writer = threading.Thread(
+            target=self._write_loop, name="sessionscope-lmdb-writer", daemon=True
+        )
+        self._writer.start()
+
+    def _open_env(self, map_size: int) -> Any:
+        try:
+            # No writable map: it would make a small commit cheaper, but LMDB
+            # then syncs by msync over the whole map, so a durable commit
+            # would grow slower as the store grows.
+            return lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=len(_DB_NAMES) + 2,
+                max_readers=self._max_readers,
+                max_spare_txns=16,
+                subdir=True,
+                sync=self.durability == "sync",
+                metasync=True,
+                readahead=False,
+                mode=self._file_mode,
+            )
+        except lmdb.InvalidError as error:
+            raise IncompatibleStoreError(
+                f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
+            ) from error
+        except (lmdb.Error, OSError) as error:
+            raise _open_failure(self.path, error) from error
 
     def __repr__(self) -> str:
         return f"LmdbStore({str(self.path)!r}, durability={self.durability!r})"
@@ -289,15 +364,60 @@ class LmdbStore:
 
     # -- opening ---------------------------------------------------------
 
-    @staticmethod
-    def _probe(path: Path) -> None:
-        """Refuse a path that is not ours before LMDB creates or writes a file there."""
-        if not path.exists():
+    def _check_files(self, trust_directory: bool) -> None:
+        """Refuse a directory others could write to, and planted links.
+
+        LMDB writes its lock table into lock.mdb and pages into data.mdb
+        wherever the names lead; a link would have it overwrite the file it
+        points to. A directory another user owns or may write to lets them
+        swap those files.
+        """
+        path = self.path
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
             return
-        if not path.is_dir():
+        except OSError as error:
+            raise _open_failure(path, error) from error
+        if not stat.S_ISDIR(info.st_mode):
             raise IncompatibleStoreError(
                 f"{path} is not a directory", hint="give the path of a store directory"
             )
+        if not trust_directory:
+            if info.st_uid != os.geteuid():
+                raise UnsafeStoreError(
+                    f"{path} is owned by user {info.st_uid}, not by this process's user",
+                    hint="open stores you own, or pass trust_directory=True",
+                )
+            # Group or others may write only where file_mode lets them.
+            extra = info.st_mode & 0o022 & ~self._file_mode
+            if extra:
+                raise UnsafeStoreError(
+                    f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
+                    f"(mode {stat.S_IMODE(info.st_mode):o})",
+                    hint="chmod go-w the directory, give a file_mode that shares it, "
+                    "or pass trust_directory=True",
+                )
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                entry = os.lstat(path / name)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(entry.st_mode):
+                raise UnsafeStoreError(
+                    f"{path / name} is a symbolic link",
+                    hint="a store's files must be plain files: remove the link",
+                )
+            if not stat.S_ISREG(entry.st_mode):
+                raise IncompatibleStoreError(
+                    f"{path / name} is not a file", hint="pick an empty or new directory"
+                )
+
+    @staticmethod
+    def _probe(path: Path, verify: bool = False) -> None:
+        """Refuse a path that is not ours before LMDB creates or writes a file there."""
+        if not path.exists():
+            return
         data = path / "data.mdb"
         if not data.exists():
             if any(entry != "lock.mdb" for entry in os.listdir(path)):
@@ -306,30 +426,60 @@ class LmdbStore:
                     hint="pick an empty or new directory",
                 )
             return
-        with open(data, "rb") as file:
-            header = file.read(20)
+        try:
+            with open(data, "rb") as file:
+                header = file.read(20)
+        except OSError as error:
+            raise _open_failure(path, error) from error
         if len(header) < 20 or int.from_bytes(header[16:20], "little") != _LMDB_MAGIC:
             raise IncompatibleStoreError(
                 f"{data} is not an LMDB file", hint="pick an empty or new directory"
             )
-        # Read what the file holds read-only and without the lock file, so
-        # that opening a path that is not ours changes no file at all (a
-        # normal open creates or updates lock.mdb). Unregistered, this read
-        # can meet pages a writer in another process is recycling: a refusal
+        # What LMDB would map without checking: pages past the end of the
+        # file are a SIGBUS, not an error.
+        _check_meta(data)
+        if verify:
+            _verify_file(data)
+        if _file_id(data) in _open_here:
+            raise StoreError(
+                f"cannot open {path}: it is already open in this process",
+                hint="a process opens a store once: share the store object between services",
+            )
+        if _in_use(path / "lock.mdb"):
+            # Another process has the store open: read it as a registered
+            # reader, so that no writer recycles the pages being read (an
+            # unregistered read can trip LMDB's own assertions). Reading
+            # changes only the lock table, never data.mdb.
+            LmdbStore._read_format(path, lock=True)
+            return
+        # No process has the store open. Read what the file holds read-only
+        # and without the lock file, so that opening a path that is not ours
+        # changes no file at all. A process may open it meanwhile: a refusal
         # is only trusted when a second and third read agree.
         for attempt in range(3):
             try:
-                LmdbStore._read_format(path)
+                LmdbStore._read_format(path, lock=False)
                 return
             except (IncompatibleStoreError, lmdb.Error):
                 if attempt == 2:
                     raise
 
     @staticmethod
-    def _read_format(path: Path) -> None:
-        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+    def _read_format(path: Path, lock: bool) -> None:
         try:
-            with env.begin() as txn:
+            env = lmdb.open(str(path), readonly=True, lock=lock, max_dbs=len(_DB_NAMES) + 2)
+        except lmdb.InvalidError as error:
+            raise IncompatibleStoreError(
+                f"{path} does not hold an LMDB store", hint="pick an empty directory"
+            ) from error
+        except (lmdb.Error, OSError) as error:
+            raise _open_failure(path, error) from error
+        try:
+            if lock:
+                with contextlib.suppress(lmdb.Error):
+                    env.reader_check()
+            txn = _begin_adopting(env)
+            try:
                 names = [key for key, _ in txn.cursor()]
                 if names and b"meta" not in names:
                     raise IncompatibleStoreError(
@@ -339,21 +489,40 @@ class LmdbStore:
                 if names:
                     meta = env.open_db(b"meta", txn=txn, create=False)
                     _check_format(path, txn.get(_FORMAT_KEY, db=meta))
+            finally:
+                txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"reading {path}", error) from error
         finally:
             env.close()
 
     def _open_databases(self) -> dict[bytes, Any]:
         env = self._env
-        with env.begin(write=True) as txn:
-            if txn.cursor().first():
-                # Opening existing handles changes nothing on disk.
-                dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
-                _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
-            else:
-                dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
-                header = {"magic": MAGIC, "format": FORMAT_VERSION}
-                txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=dbs[b"meta"])
-                txn.put(_NUMBER_KEY, _U64.pack(1), db=dbs[b"meta"])
+        try:
+            with self._gate:
+                # Through _begin: another process may be growing the map.
+                txn = self._begin(write=True)
+                try:
+                    if txn.cursor().first():
+                        # Opening existing handles changes nothing on disk.
+                        dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
+                        _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
+                    else:
+                        dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
+                        header = {"magic": MAGIC, "format": FORMAT_VERSION}
+                        meta = dbs[b"meta"]
+                        txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=meta)
+                        txn.put(_NUMBER_KEY, _U64.pack(1), db=meta)
+                except BaseException:
+                    txn.abort()
+                    raise
+                txn.commit()
+        except lmdb.NotFoundError as error:
+            raise IncompatibleStoreError(
+                f"{self.path} holds another LMDB database", hint="pick another path"
+            ) from error
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"opening {self.path}", error) from error
         return dbs
 
     # -- transactions ----------------------------------------------------
@@ -361,12 +530,18 @@ class LmdbStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
+        if self._pid != _process_pid:
+            raise _forked_error(self.path)
 
     def _begin(self, write: bool = False, parent: Any = None) -> Any:
-        """Begin a transaction, adopting a map another process has grown."""
+        """Begin a transaction, adopting a map another process has grown.
+
+        A full reader table is checked for slots of dead processes once.
+        """
         if self._released:
             # A call that passed the open check as the store closed.
             raise StoreClosedError(f"the store at {self.path} is closed", hint="open it again")
+        checked_readers = False
         while True:
             try:
                 return self._env.begin(write=write, parent=parent)
@@ -376,6 +551,10 @@ class LmdbStore:
                     raise StoreClosedError(
                         f"the store at {self.path} is closed", hint="open it again"
                     ) from None
+            except lmdb.ReadersFullError:
+                if checked_readers or not self._env.reader_check():
+                    raise
+                checked_readers = True
 
     def _adopt_map_size(self) -> None:
         # The gate is held by the caller: leave it while the map is swapped.
@@ -388,13 +567,49 @@ class LmdbStore:
     def _adopt_if_open(self) -> None:
         if not self._released:
             self._env.set_mapsize(0)
+            self._map_size = self._env.info()["map_size"]
 
-    def _grow(self) -> None:
+    def _grow(self, seen: int) -> None:
+        """Double the map after a transaction that saw ``seen`` bytes of it ran out.
+
+        Writers that ran out at once grow it once: the others find it grown.
+        """
+
         def double() -> None:
-            if not self._released:  # a closed store is not grown; _begin says so
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            if self._released or self._map_size != seen:
+                return  # closed (_begin says so), or grown by another writer
+            try:
+                self._env.set_mapsize(seen * 2)
+            except (lmdb.Error, OverflowError) as error:
+                # LMDB drops the map when the OS refuses a new one: map the
+                # store again at the size it had.
+                self._reopen(seen)
+                raise StoreError(
+                    f"growing the map of {self.path} to {seen * 2} bytes failed: {error}",
+                    hint="the OS refused the address space (ulimit -v, overcommit settings); "
+                    "the store stays usable at its current size",
+                ) from error
+            self._map_size = self._env.info()["map_size"]
 
         self._gate.exclusive(double)
+
+    def _reopen(self, map_size: int) -> None:
+        """Open the environment again after LMDB closed it; called with no transaction open."""
+        with contextlib.suppress(lmdb.Error):
+            self._env.close()
+        try:
+            self._env = self._open_env(map_size)
+            self._map_size = self._env.info()["map_size"]
+            with self._env.begin() as txn:
+                self._dbs = {
+                    name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
+                }
+        except BaseException:
+            self._released = self._closed = True
+            raise
+        self._sessions = self._dbs[b"sessions"]
+        self._shared = self._dbs[b"shared"]
+        self._data = self._dbs[b"data"]
 
     def _read(self, action: Callable[[Any], T]) -> T:
         self._check_open()
@@ -409,9 +624,15 @@ class LmdbStore:
             raise _lmdb_failure("reading the store", error) from error
 
     def _write(self, action: Callable[[Any], T]) -> Completion[T]:
-        """Run a write: queued for group commit, or inline without fsync."""
+        """Run a write: queued for group commit, or inline without fsync.
+
+        A deferred write from an event loop's thread is queued too: LMDB's
+        write lock may be held by another thread or process for as long as
+        it likes, and the loop must not wait for it.
+        """
         self._check_open()
-        if self._writer is None:
+        in_loop = asyncio._get_running_loop() is not None
+        if self._syncer is not None and not in_loop:
             ok, value = self._run_writes([action])[0]
             return Completion.done(value) if ok else Completion.failed(value)
         pending: Pending[T] = Pending()
@@ -419,13 +640,15 @@ class LmdbStore:
             # Checked with the append, so that nothing is queued after the
             # writer thread's last pass.
             self._check_open()
+            if self._writer is None:
+                self._start_writer()
             self._writes.append((action, pending))
         # A thread with no event loop may commit the queue itself (it would
         # only wait otherwise), saving two thread wake-ups; a thread running
         # an event loop leaves the disk wait to the writer thread. A leader
         # stops once its own write is done: what others queue meanwhile is
         # the writer thread's.
-        if asyncio._get_running_loop() is None and self._leader.acquire(blocking=False):
+        if not in_loop and self._leader.acquire(blocking=False):
             try:
                 while not pending.done and self._commit_queued():
                     pass
@@ -451,9 +674,18 @@ class LmdbStore:
         per write. Every write checks before it writes, so running it again
         after an abort is safe.
         """
+        if _file_id(self._lock_path) != self._lock_id:
+            # Another process could not see this one's readers and writer.
+            replaced = UnsafeStoreError(
+                f"{self._lock_path} was removed or replaced while the store was open",
+                hint="writing now could corrupt the store: close it in every process and "
+                "open it again",
+            )
+            return [(False, replaced)] * len(actions)
         while True:
             try:
                 with self._gate:
+                    seen = self._map_size
                     txn = self._begin(write=True)
                     try:
                         results = [action(txn) for action in actions]
@@ -465,7 +697,10 @@ class LmdbStore:
                 self._dirty = True
                 return [(True, result) for result in results]
             except lmdb.MapFullError:
-                self._grow()
+                try:
+                    self._grow(seen)
+                except StoreError as error:
+                    return [(False, error)] * len(actions)
             except Exception as error:  # the failing write's own outcome
                 failure: Exception = error
                 if isinstance(error, lmdb.Error):
@@ -584,9 +819,30 @@ class LmdbStore:
         if start >= stop:
             return []
         cursor = txn.cursor(db=self._data)
-        if not cursor.set_key(number + _EVENT + _U64.pack(start)):
-            raise StoreError(f"event {start} of a session is missing", hint="the store is damaged")
-        return [value[8:] for value in islice(cursor.iternext(keys=False), stop - start)]
+        # Bounded by key, not by count: a truncation leaves gaps in positions.
+        if not cursor.set_range(number + _EVENT + _U64.pack(start)):
+            return []
+        end = number + _EVENT + _U64.pack(stop)
+        events: list[bytes] = []
+        for key, value in cursor.iternext():
+            if key >= end:
+                break
+            events.append(value[8:])
+        return events
+
+    def _last_events(self, txn: Any, number: bytes, n: int) -> list[bytes]:
+        """Return the last ``n`` stored values (timestamp + record) of a session, in order."""
+        cursor = txn.cursor(db=self._data)
+        prefix = number + _EVENT
+        # The first key after the session's events, then back.
+        after = _after(prefix) or prefix
+        positioned = cursor.prev() if cursor.set_range(after) else cursor.last()
+        values: list[bytes] = []
+        while positioned and len(values) < n and cursor.key().startswith(prefix):
+            values.append(cursor.value())
+            positioned = cursor.prev()
+        values.reverse()
+        return values
 
     def _events_after(
         self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
@@ -659,7 +915,12 @@ class LmdbStore:
                 return None
             number = _U64.pack(record.number)
             count = record.event_count
-            if after_timestamp is not None:
+            if record.removed_count and num_recent_events is not None:
+                # Positions have gaps after a truncation: count back from the end.
+                recent = self._last_events(txn, number, num_recent_events)
+                low = -math.inf if after_timestamp is None else after_timestamp
+                events = [v[8:] for v in recent if _F64.unpack_from(v)[0] >= low]
+            elif after_timestamp is not None:
                 events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
             elif num_recent_events is not None:
                 events = self._events(txn, number, max(0, count - num_recent_events), count)
@@ -835,6 +1096,310 @@ class LmdbStore:
         owner = _USER + _part(app_name) + _part(user_id)
         return self._read(lambda txn: self._read_map(txn, self._shared, owner))
 
+    # -- retention and copies --------------------------------------------
+    #
+    # Removing a session deletes its record and queues its number in meta
+    # (b"purge" number); its state and events, all under that number, are
+    # then deleted in later bounded batches. A session whose record is gone
+    # is gone for every reader at once, and a purge cut short by a crash is
+    # finished by the next retention call of any process.
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``.
+
+        Oldest positions (or earliest times) go first, in bounded batches;
+        each batch moves the session's marker.
+        """
+
+        def batch(txn: Any) -> tuple[int, bool]:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            number = _U64.pack(record.number)
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._data)
+            doomed: list[tuple[bytes, float]] = []  # (seq, timestamp)
+            if keep_last is not None:
+                wanted = min(record.stored_count - keep_last, BATCH_EVENTS)
+                prefix = number + _EVENT
+                if wanted > 0 and cursor.set_range(prefix):
+                    for key, value in cursor.iternext():
+                        if not key.startswith(prefix) or len(doomed) >= wanted:
+                            break
+                        doomed.append((key[9:], _F64.unpack_from(value)[0]))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            else:
+                prefix = number + _EVENT_TIME
+                end = prefix + _sortable_time(before)  # type: ignore[arg-type]
+                if cursor.set_range(prefix):
+                    for key in cursor.iternext(values=False):
+                        if key >= end or len(doomed) >= BATCH_EVENTS:
+                            break
+                        doomed.append((key[17:25], 0.0))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            if not doomed:
+                return 0, True
+            data = self._data
+            removed = 0
+            # Deleting costs more than finding: the time bound applies here too.
+            for seq, _ in doomed:
+                value = txn.get(number + _EVENT + seq, db=data)
+                timestamp = _F64.unpack_from(value)[0]
+                event_id = event_copy(value[8:], timestamp).event_id
+                txn.delete(number + _EVENT + seq, db=data)
+                txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
+                txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
+                removed += 1
+                if time.monotonic() - started > BATCH_SECONDS:
+                    break
+            record.removed_count += removed
+            self._put_record(txn, record)
+            return removed, False
+
+        total = 0
+        try:
+            while True:
+                removed, finished = self._write(batch).result()
+                total += removed
+                if finished:
+                    return Completion.done(total)
+        except SessionNotFoundError as error:
+            # Deleted between two batches: what was removed stays removed.
+            return Completion.done(total) if total else Completion.failed(error)
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``, in batches."""
+        prefix = b"" if app_name is None else _part(app_name)
+        return Completion.done(self._remove_sessions(prefix, idle_before))
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user, then the user's state map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app + _part(user_id), None)
+        self._remove_range(self._shared, _USER + app + _part(user_id))
+        return Completion.done(removed)
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session of an app, then its user maps and its app map."""
+        app = _part(app_name)
+        removed = self._remove_sessions(app, None)
+        self._remove_range(self._shared, _USER + app)
+        self._remove_range(self._shared, _APP + app)
+        return Completion.done(removed)
+
+    def _remove_sessions(self, prefix: bytes, idle_before: float | None) -> int:
+        """Remove the sessions under a key prefix (idle ones only, with a cutoff).
+
+        Each batch re-reads every record it removes inside its own
+        transaction: a session appended to after the scan began is judged on
+        its new time. Return how many went.
+        """
+
+        def batch(txn: Any, *, resume: bytes) -> tuple[int, bytes | None]:
+            started = time.monotonic()
+            cursor = txn.cursor(db=self._sessions)
+            meta = self._dbs[b"meta"]
+            removed = 0
+            positioned = cursor.set_range(resume)
+            while positioned:
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                if removed >= BATCH_SESSIONS or time.monotonic() - started > BATCH_SECONDS:
+                    return removed, key
+                fields = unpack(cursor.value())
+                if idle_before is None or fields[5] < idle_before:
+                    txn.put(_PURGE + _U64.pack(fields[3]), b"", db=meta)
+                    # delete() moves to the next entry; past the last, key() is empty.
+                    positioned = cursor.delete() and bool(cursor.key())
+                    removed += 1
+                else:
+                    positioned = cursor.next()
+            return removed, None
+
+        total = 0
+        resume: bytes | None = prefix
+        while resume is not None and not self._stopping_expiry():
+            removed, resume = self._write(partial(batch, resume=resume)).result()
+            total += removed
+            self._purge()
+        self._purge()
+        return total
+
+    def _purge(self) -> None:
+        """Delete the state and events of removed sessions, in bounded batches."""
+        meta = self._dbs[b"meta"]
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            queue = txn.cursor(db=meta)
+            cursor = txn.cursor(db=self._data)
+            deleted = 0
+            while queue.set_range(_PURGE) and queue.key().startswith(_PURGE):
+                number = queue.key()[len(_PURGE) :]
+                if cursor.set_range(number):
+                    while cursor.key().startswith(number):
+                        if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                            return False
+                        cursor.delete()
+                        deleted += 1
+                txn.delete(_PURGE + number, db=meta)
+            return True
+
+        # A close stops the expirer between batches; the next call finishes the purge.
+        while not self._write(batch).result() and not self._stopping_expiry():
+            pass
+
+    def _remove_range(self, handle: Any, prefix: bytes) -> None:
+        """Delete every entry under a key prefix, in bounded batches."""
+
+        def batch(txn: Any) -> bool:
+            started = time.monotonic()
+            cursor = txn.cursor(db=handle)
+            deleted = 0
+            if cursor.set_range(prefix):
+                while cursor.key().startswith(prefix):
+                    if deleted >= BATCH_EVENTS or time.monotonic() - started > BATCH_SECONDS:
+                        return False
+                    cursor.delete()
+                    deleted += 1
+            return True
+
+        while not self._write(batch).result():
+            pass
+
+    def _stopping_expiry(self) -> bool:
+        return self._expirer is not None and self._expirer.stopping
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted.
+
+        An app whose id is over 150 bytes is keyed by a digest: it is listed
+        through its sessions, not through its state alone.
+        """
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.app_name for record in self._first_records(txn, b"", 1)}
+            for tag in (_APP, _USER):
+                names.update(_raw_names(txn.cursor(db=self._shared), tag, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted.
+
+        A user whose id is over 150 bytes is listed through its sessions only.
+        """
+        app = _part(app_name)
+
+        def scan(txn: Any) -> list[str]:
+            names = {record.user_id for record in self._first_records(txn, app, 2)}
+            names.update(_raw_names(txn.cursor(db=self._shared), _USER + app, 1))
+            return sorted(names)
+
+        return self._read(scan)
+
+    def _first_records(self, txn: Any, prefix: bytes, depth: int) -> Iterator[SessionRecord]:
+        """Yield one session record per distinct id ``depth`` parts deep under ``prefix``."""
+        cursor = txn.cursor(db=self._sessions)
+        positioned = cursor.set_range(prefix)
+        while positioned and cursor.key().startswith(prefix):
+            key = cursor.key()
+            yield SessionRecord.from_list(unpack(cursor.value()))
+            positioned = cursor.set_range(_after(key[: _parts_length(key, depth)]))
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given, in one transaction; False when already equal."""
+        check_copy(copy)
+        entries = [
+            (
+                _U64.pack(seq),
+                _F64.pack(event.timestamp) + event.record,
+                _unique_part(event.event_id),
+                _sortable_time(event.timestamp),
+            )
+            for seq, event in enumerate(copy.events)
+        ]
+
+        def restore(txn: Any) -> bool:
+            found = self._record(txn, copy.app_name, copy.user_id, copy.session_id)
+            if found is not None:
+                if copies_equal(self._session_copy(txn, found), copy):
+                    return False
+                raise AlreadyExistsError(
+                    f"session {copy.session_id!r} already exists with other content"
+                )
+            meta = self._dbs[b"meta"]
+            (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
+            last = copy.events[-1].event_id if copy.events else None
+            record = SessionRecord(
+                copy.app_name,
+                copy.user_id,
+                copy.session_id,
+                number,
+                copy.create_time,
+                copy.last_update_time,
+                len(copy.events),
+                last,
+            )
+            self._put_record(txn, record)
+            owner = _U64.pack(number)
+            self._put_items(txn, self._data, owner + _STATE, copy.session_items)
+            puts: list[tuple[bytes, bytes]] = []
+            for seq, value, id_part, stamp in entries:
+                puts.append((owner + _EVENT + seq, value))
+                puts.append((owner + _EVENT_ID + id_part, seq))
+                puts.append((owner + _EVENT_TIME + stamp + seq, b""))
+            if puts:
+                txn.cursor(db=self._data).putmulti(puts)
+            return True
+
+        return self._write(restore)
+
+    def _session_copy(self, txn: Any, record: SessionRecord) -> SessionCopy:
+        """Return what the store holds of a session, as a copy."""
+        number = _U64.pack(record.number)
+        cursor = txn.cursor(db=self._data)
+        events: list[EventCopy] = []
+        prefix = number + _EVENT
+        if cursor.set_range(prefix):
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                events.append(event_copy(value[8:], _F64.unpack_from(value)[0]))
+        return SessionCopy(
+            record.app_name,
+            record.user_id,
+            record.session_id,
+            record.create_time,
+            record.last_update_time,
+            _item_entries_of(self._read_map(txn, self._data, number + _STATE)),
+            events,
+        )
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        owner = _APP + _part(app_name)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        owner = _USER + _part(app_name) + _part(user_id)
+        return self._write(lambda txn: self._put_items(txn, self._shared, owner, items))
+
     def flush(self) -> Completion[None]:
         """Make every acknowledged write durable."""
         self._check_open()
@@ -850,17 +1415,27 @@ class LmdbStore:
         return Completion.waiting(pending)
 
     def close(self) -> None:
-        """Flush, stop the background thread and release the environment."""
+        """Flush, stop the background threads and release the environment.
+
+        In a child process that inherited the store through fork(), only
+        mark it closed: the environment and the threads belong to the parent.
+        """
         if self._closed:
             return
-        if self._writer is not None:
-            # Closed first, so that nothing is queued after the writer's last pass...
-            with self._admit:
-                self._closed = True
+        if self._pid != _process_pid:
+            self._closed = True
+            return
+        if self._expirer is not None:
+            self._expirer.stop()
+        # Closed first, so that nothing is queued after the writer's last pass...
+        with self._admit:
+            self._closed = True
+            writer = self._writer
+        if writer is not None:
             with self._wake:
                 self._stopping = True
                 self._wake.notify()
-            self._writer.join()
+            writer.join()
             # ...and should one be left all the same, it is told so, not left waiting.
             with self._leader:
                 left = list(self._writes)
@@ -869,18 +1444,35 @@ class LmdbStore:
             finish_all((pending, False, closed) for _, pending in left)
         if self._syncer is not None:
             with self._sync_cond:
-                self._closed = True
                 self._sync_cond.notify()
             self._syncer.join()
-        self._closed = True
         # Wait for running transactions, and turn away the ones still to begin.
         self._gate.exclusive(self._release)
 
     def _release(self) -> None:
         self._released = True
+        _open_here.discard(self._data_id)
         if self._syncer is not None:
             self._env.sync(True)
         self._env.close()
+
+    def verify(self) -> None:
+        """Check every page of the store's data file; raise CorruptStoreError if one is wrong.
+
+        The check reads the file, never through LMDB, while holding the
+        store's write lock, so that no process commits while it reads: other
+        writers wait for it (about a second per 100 MB).
+        """
+        self._check_open()
+        try:
+            with self._gate:
+                txn = self._begin(write=True)
+                try:
+                    _verify_file(self.path / "data.mdb")
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure(f"verifying {self.path}", error) from error
 
     def stat(self) -> dict[str, Any]:
         """Return LMDB's figures: map size, pages used, entries per database."""
@@ -897,6 +1489,224 @@ class LmdbStore:
 
         return self._read(gather)
 
+    # -- operations: listing, checking, measuring and copying -------------
+    #
+    # What the command line needs beyond the Store protocol. None of it is on
+    # the path of a session call; each reads in one transaction.
+
+    def check_layout(self, progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """Return the problems of the key layout; an empty list when it is sound.
+
+        Every session record sits under the key of its own ids and has a
+        number of its own below the counter; every event entry belongs to a
+        record and lies below its count, and the number of them is the
+        record's; every event has an id index entry and a time index entry
+        pointing back at it, and every index entry points at an event that
+        has that id or time; no data lies under a number without a record.
+        ``progress(done, total)`` is called as records are checked.
+        """
+
+        def check(txn: Any) -> list[str]:
+            problems: list[str] = []
+            records: dict[bytes, SessionRecord] = {}
+            meta = self._dbs[b"meta"]
+            (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
+            for key, value in txn.cursor(db=self._sessions):
+                record = SessionRecord.from_list(unpack(value))
+                label = _label(record)
+                ids = (record.app_name, record.user_id, record.session_id)
+                if key != b"".join(_part(text) for text in ids):
+                    problems.append(f"{label}: its record is stored under another session's key")
+                number = _U64.pack(record.number)
+                if number in records:
+                    problems.append(f"{label}: shares number {record.number} with another session")
+                if record.number >= next_number:
+                    problems.append(f"{label}: number {record.number} is not below the counter")
+                records[number] = record
+            # Numbers queued for purging lost their record on purpose.
+            purging: set[bytes] = set()
+            queue = txn.cursor(db=meta)
+            if queue.set_range(_PURGE):
+                for key in queue.iternext(values=False):
+                    if not key.startswith(_PURGE):
+                        break
+                    purging.add(key[len(_PURGE) :])
+            total = len(records)
+            done = 0
+            cursor = txn.cursor(db=self._data)
+            seen: set[bytes] = set()
+            group: list[tuple[bytes, bytes]] = []
+            current = b""
+            for key, value in cursor:
+                if key[:8] != current and group:
+                    done += 1
+                    if current not in purging:
+                        self._check_group(current, group, records.get(current), problems)
+                    seen.add(current)
+                    group = []
+                    if progress is not None:
+                        progress(done, total)
+                current = key[:8]
+                group.append((key, value))
+            if group and current not in purging:
+                self._check_group(current, group, records.get(current), problems)
+                seen.add(current)
+            for number, record in records.items():
+                if number not in seen and record.stored_count:
+                    problems.append(
+                        f"{_label(record)}: counts {record.stored_count} events, stores none"
+                    )
+            if progress is not None:
+                progress(total, total)
+            return problems
+
+        return self._read(check)
+
+    @staticmethod
+    def _check_group(
+        number: bytes,
+        entries: list[tuple[bytes, bytes]],
+        record: SessionRecord | None,
+        problems: list[str],
+    ) -> None:
+        """Check the data entries of one session number against its record."""
+        if record is None:
+            problems.append(
+                f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
+                "session record (orphaned)"
+            )
+            return
+        label = _label(record)
+        events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
+        ids: dict[bytes, bytes] = {}
+        times: set[bytes] = set()
+        for key, value in entries:
+            kind = key[8:9]
+            if kind == _EVENT:
+                seq = key[9:17]
+                try:
+                    event_id = decode_event(value[8:])["id"]
+                except Exception as error:  # any undecodable record is a finding
+                    position = _U64.unpack(seq)[0]
+                    problems.append(f"{label}: event {position} does not decode: {error}")
+                    continue
+                events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
+            elif kind == _EVENT_ID:
+                ids[key[9:]] = value
+            elif kind == _EVENT_TIME:
+                times.add(key[9:])
+            elif kind != _STATE:
+                problems.append(f"{label}: an entry of unknown kind {kind!r}")
+        counted = record.stored_count
+        if len(events) != counted:
+            problems.append(f"{label}: counts {counted} events, stores {len(events)}")
+        for seq, (stamp, id_part) in events.items():
+            position = _U64.unpack(seq)[0]
+            if position >= record.event_count:
+                problems.append(f"{label}: event {position} lies past the record's count")
+            if ids.get(id_part) != seq:
+                problems.append(f"{label}: event {position} is missing from the id index")
+            if stamp + seq not in times:
+                problems.append(f"{label}: event {position} is missing from the time index")
+        for id_part, seq in ids.items():
+            if seq not in events or events[seq][1] != id_part:
+                problems.append(f"{label}: an id index entry points at no event with that id")
+        for entry in times:
+            known = events.get(entry[8:])
+            if known is None or known[0] != entry[:8]:
+                problems.append(f"{label}: a time index entry points at no event of that time")
+        last = events.get(_U64.pack(record.event_count - 1)) if record.event_count else None
+        if last is not None and last[1] != _unique_part(record.last_event_id or ""):
+            problems.append(f"{label}: the record's last event id is not its last event's")
+
+    def space(self) -> dict[str, int]:
+        """Return the file's size and how its pages are used.
+
+        ``free_pages`` counts the pages up to the last one in use that no
+        database holds: LMDB's free list (pages released by deletes and by
+        copy-on-write, which later writes reuse before the file grows) and
+        the pages of the list itself. A compaction leaves none.
+        """
+
+        def gather(txn: Any) -> dict[str, int]:
+            info = self._env.info()
+            main = self._env.stat()
+            used = _pages(main) + sum(_pages(txn.stat(self._dbs[name])) for name in _DB_NAMES)
+            pages = info["last_pgno"] + 1
+            return {
+                "file_size": (self.path / "data.mdb").stat().st_size,
+                "map_size": info["map_size"],
+                "page_size": main["psize"],
+                "pages": pages,
+                "pages_used": used,
+                # Pages 0 and 1 are LMDB's two meta pages.
+                "free_pages": max(0, pages - 2 - used),
+                "readers": info["num_readers"],
+            }
+
+        return self._read(gather)
+
+    def copy_to(self, dest: str | os.PathLike[str]) -> None:
+        """Write a consistent, compacted copy of the store into the empty directory ``dest``.
+
+        The copy is of one read snapshot, so writers in this or other
+        processes go on meanwhile; it holds no free pages.
+        """
+        target = Path(dest)
+        mode = (self.path / "data.mdb").stat().st_mode & 0o777
+        try:
+            with self._gate:
+                txn = self._begin()
+                try:
+                    self._env.copy(str(target), compact=True, txn=txn)
+                finally:
+                    txn.abort()
+        except lmdb.Error as error:
+            raise _lmdb_failure("copying the store", error) from error
+        copy = target / "data.mdb"
+        os.chmod(copy, mode)
+        _fsync(copy)
+
+    @classmethod
+    def compact(
+        cls, path: str | os.PathLike[str], check: Callable[[Path], None]
+    ) -> tuple[int, int]:
+        """Rewrite a store no process has open without free pages; return sizes before, after.
+
+        The store is copied with compaction into a sibling directory, the
+        copy is checked with ``check(directory)`` (which raises to refuse it),
+        and its file then replaces ``data.mdb`` by one rename: at every moment
+        the path holds the old file or the new one, whole. Meanwhile LMDB's
+        lock on ``lock.mdb`` is held exclusively, so no process opens the
+        store; one that waited for it meets an emptied lock file and fails to
+        open rather than read the new file with the old file's reader table.
+        """
+        root = Path(path)
+        data = root / "data.mdb"
+        if not data.is_file():
+            raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
+        cls._probe(root)
+        with _sole_user(root):
+            before = data.stat().st_size
+            temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
+            try:
+                env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=len(_DB_NAMES) + 2)
+                try:
+                    env.copy(str(temp), compact=True)
+                finally:
+                    env.close()
+                copy = temp / "data.mdb"
+                os.chmod(copy, data.stat().st_mode & 0o777)
+                _fsync(copy)
+                check(temp)
+                os.replace(copy, data)
+                _fsync(root)
+            except lmdb.Error as error:
+                raise _lmdb_failure("compacting the store", error) from error
+            finally:
+                shutil.rmtree(temp, ignore_errors=True)
+            return before, data.stat().st_size
+
 
 class _PartialBatch(Exception):
     """Carries how many requests of a batch succeeded before one failed."""
@@ -908,17 +1718,246 @@ class _PartialBatch(Exception):
 
 
 def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
-    """Return the error a caller sees when LMDB itself fails (disk full, I/O, limits)."""
+    """Return the error a caller sees when LMDB itself fails, with a hint for its cause."""
+    failure: StoreError
+    message = f"{doing} failed: {error}"
     if isinstance(error, lmdb.ReadersFullError):
-        hint = "more transactions are open at once than max_readers allows: raise max_readers"
-    else:
-        hint = (
-            "check free disk space, file size limits and the disk; "
-            "what was stored before this call is intact"
+        failure = StoreError(
+            message,
+            hint="every reader slot is held by a live transaction (slots of exited "
+            "processes were reclaimed): raise max_readers",
         )
-    failure = StoreError(f"{doing} failed: {error}", hint=hint)
+    elif isinstance(
+        error, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+    ):
+        failure = CorruptStoreError(message)
+    elif isinstance(error, lmdb.PanicError):
+        failure = StoreError(
+            message,
+            hint="LMDB stopped this environment after a fatal error: open the store again; "
+            "if it recurs, check the disk and run `sessionscope verify`",
+        )
+    elif isinstance(error, lmdb.ReadonlyError) or _errno_of(error) == errno.EROFS:
+        failure = StoreError(
+            message,
+            hint="the store's files or filesystem are read-only: open it where it can write",
+        )
+    elif isinstance(error, lmdb.MemoryError):
+        failure = StoreError(
+            message, hint="the OS refused memory or address space for the map (ulimit -v)"
+        )
+    else:
+        failure = StoreError(
+            message,
+            hint="check free disk space, file size limits and the disk; "
+            "what was stored before this call is intact",
+        )
     failure.__cause__ = error
     return failure
+
+
+def _errno_of(error: BaseException) -> int | None:
+    """Return the errno an OSError or an LMDB error carries, when it says one."""
+    if isinstance(error, OSError):
+        return error.errno
+    text = str(error)
+    for code in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+        if os.strerror(code) in text:
+            return code
+    return None
+
+
+def _open_failure(path: Path, error: BaseException) -> StoreError:
+    """Return the error for a store that cannot be opened, with a hint for its cause."""
+    code = _errno_of(error)
+    read_only = False
+    with contextlib.suppress(OSError):
+        probe = path if path.exists() else path.parent
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    if read_only or code == errno.EROFS:
+        hint = "the filesystem is mounted read-only: open the store on a writable one"
+    elif code in (errno.EACCES, errno.EPERM) or isinstance(error, lmdb.ReadonlyError):
+        hint = "this user may not write the store's directory or files: check their owner and mode"
+    elif code == errno.ENOSPC:
+        hint = "the disk is full: free space and open the store again"
+    elif isinstance(error, lmdb.Error) and "already open" in str(error):
+        if _file_id(path / "data.mdb") in _inherited:
+            hint = (
+                "this process inherited the store through fork(): open stores only after "
+                "forking, or drop every inherited store object before opening it again"
+            )
+        else:
+            hint = "a process opens a store once: share the store object between services"
+    elif isinstance(error, lmdb.Error):
+        return _lmdb_failure(f"opening {path}", error)
+    else:
+        hint = "check the path, its permissions and the disk"
+    failure = StoreError(f"cannot open {path}: {error}", hint=hint)
+    failure.__cause__ = error
+    return failure
+
+
+def _forked_error(path: Path) -> StoreError:
+    return StoreError(
+        f"the store at {path} was opened in another process and crossed a fork()",
+        hint="open stores after forking: in each worker process, open its own store "
+        "(multiprocessing: open it in the worker function, or use the spawn context)",
+    )
+
+
+def _check_options(
+    durability: object,
+    map_size: object,
+    flush_interval: object,
+    file_mode: object,
+    max_readers: object,
+) -> int:
+    """Refuse options LMDB or the syncer could not work with; return the map size to use."""
+    if durability not in ("sync", "deferred"):
+        raise ValueError(f"durability must be 'sync' or 'deferred', not {durability!r}")
+    if isinstance(map_size, bool) or not isinstance(map_size, int) or map_size <= 0:
+        raise ValueError(f"map_size must be a positive int, not {map_size!r}")
+    if map_size > sys.maxsize:
+        raise ValueError(f"map_size must be at most {sys.maxsize}, not {map_size}")
+    if (
+        isinstance(flush_interval, bool)
+        or not isinstance(flush_interval, (int, float))
+        or not math.isfinite(flush_interval)
+        or not 0 < flush_interval <= threading.TIMEOUT_MAX
+    ):
+        raise ValueError(
+            "flush_interval must be a finite number of seconds above 0 and at most "
+            f"{threading.TIMEOUT_MAX}, not {flush_interval!r}"
+        )
+    if isinstance(file_mode, bool) or not isinstance(file_mode, int) or file_mode & ~0o777:
+        raise ValueError(f"file_mode must be permission bits such as 0o600, not {file_mode!r}")
+    if file_mode & 0o600 != 0o600:
+        raise ValueError(f"file_mode must let the owner read and write (0o600), not {file_mode:o}")
+    if (
+        isinstance(max_readers, bool)
+        or not isinstance(max_readers, int)
+        or not 1 <= max_readers <= _MAX_READERS
+    ):
+        raise ValueError(
+            f"max_readers must be an int from 1 to {_MAX_READERS}, not {max_readers!r}"
+        )
+    # Tiny maps are rounded up, and every size to whole OS pages.
+    page = mmap.PAGESIZE
+    return max(_MIN_MAP_SIZE, -(-map_size // page) * page)
+
+
+# The data files (device, inode) of the stores open in this process. LMDB's
+# locks belong to the process: opening and closing a second descriptor of an
+# open store's lock file would drop them, so the probe never does.
+_open_here: set[tuple[int, int] | None] = set()
+# Those of a parent process, inherited through fork().
+_inherited: set[tuple[int, int] | None] = set()
+# struct flock on Linux: type, whence, start, length, pid (with padding).
+_FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _in_use(lock_file: Path) -> bool:
+    """Tell whether another process has the store open (holds a lock on lock.mdb).
+
+    Asked with F_GETLK, which changes no lock and no byte. Where the layout
+    of the query is not known, assume the store is in use.
+    """
+    if not lock_file.exists():
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return True
+    try:
+        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Return which file a path names now (device, inode); None when there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _begin_adopting(env: Any) -> Any:
+    """Begin a read transaction on an environment used while opening, adopting a grown map."""
+    for _ in range(1000):
+        try:
+            return env.begin()
+        except lmdb.MapResizedError:
+            env.set_mapsize(0)
+    return env.begin()
+
+
+def _check_meta(data: Path) -> None:
+    """Refuse a data file shorter than its meta pages say, or whose meta pages are damaged.
+
+    Cheap (two small reads), so it runs at every open: LMDB maps the file
+    and trusts these numbers, and a page past the end of the file is a
+    SIGBUS, not an error.
+    """
+    try:
+        with open(data, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            first = file.read(_PAGE_HEADER + _META.size)
+            if len(first) < _PAGE_HEADER + _META.size:
+                raise CorruptStoreError(f"{data} is too short to hold its meta pages")
+            page_size = int.from_bytes(first[_PAGE_HEADER + 24 : _PAGE_HEADER + 28], "little")
+            if page_size < 512 or page_size > 1 << 16 or page_size & (page_size - 1):
+                raise CorruptStoreError(f"{data} records an impossible page size {page_size}")
+            file.seek(page_size)
+            second = file.read(_PAGE_HEADER + _META.size)
+    except OSError as error:
+        raise _open_failure(data.parent, error) from error
+    if len(second) < _PAGE_HEADER + _META.size:
+        raise CorruptStoreError(
+            f"{data} is {size} bytes, too short to hold its second meta page",
+        )
+    metas = []
+    for page in (first, second):
+        magic, _, _, _, free_db, main_db, last_page, txn_id = _META.unpack_from(page, _PAGE_HEADER)
+        if magic != _LMDB_MAGIC:
+            raise CorruptStoreError(f"{data} has a damaged meta page (bad magic number)")
+        metas.append((txn_id, last_page, free_db, main_db))
+    # LMDB uses the meta page of the later transaction.
+    _, last_page, free_db, main_db = max(metas)
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        raise CorruptStoreError(
+            f"{data} is {size} bytes but its meta page says it holds {last_page + 1} pages "
+            f"of {page_size} bytes ({needed} bytes): the file was truncated"
+        )
+    for name, record in (("free", free_db), ("main", main_db)):
+        (root,) = _DB_ROOT.unpack_from(record, 40)
+        if root != _NO_PAGE and not 2 <= root <= last_page:
+            raise CorruptStoreError(
+                f"{data} has a damaged meta page: the {name} database's root page "
+                f"{root} is outside the file's {last_page + 1} pages"
+            )
+
+
+def _verify_file(data: Path) -> None:
+    """Check every page of a data file without handing it to LMDB; raise CorruptStoreError."""
+    try:
+        problems: list[str] = lmdb_verify.verify(str(data), subdir=False)  # type: ignore[no-untyped-call]
+    except lmdb_verify.VerifyError as error:
+        raise CorruptStoreError(f"{data} cannot be verified: {error}") from error
+    except OSError as error:
+        raise _open_failure(data.parent, error) from error
+    if problems:
+        shown = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CorruptStoreError(f"{data} failed verification: {shown}{more}")
 
 
 def _check_format(path: Path, header: bytes | None) -> None:
@@ -928,14 +1967,139 @@ def _check_format(path: Path, header: bytes | None) -> None:
             f"{path} holds an LMDB database without a format record",
             hint="pick an empty or new directory",
         )
-    fields = unpack(header[1:]) if header[:1] else {}
+    try:
+        fields = unpack(header[1:]) if header[:1] else {}
+    except Exception as error:
+        raise CorruptStoreError(
+            f"the format record of {path} is unreadable (format byte {header[:1].hex() or 'none'})"
+        ) from error
     if not isinstance(fields, dict) or fields.get("magic") != MAGIC:
         raise IncompatibleStoreError(
             f"{path} holds another LMDB database", hint="pick another path"
         )
     version = fields.get("format")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or header[0] != version:
+        raise CorruptStoreError(
+            f"the format record of {path} is unreadable (format byte {header[0]}, "
+            f"format field {version!r})"
+        )
+    if version > FORMAT_VERSION:
         raise IncompatibleStoreError(
             f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
             hint="upgrade sessionscope",
         )
+
+
+def _after(prefix: bytes) -> bytes | None:
+    """Return the first key past every key that starts with ``prefix`` (None: no such key)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _part_length(key: bytes, start: int) -> int:
+    """Return the length of the id part at ``start`` of a key."""
+    if key[start : start + 2] == _DIGEST_MARK:
+        return 2 + 32
+    return 2 + int.from_bytes(key[start : start + 2], "big")
+
+
+def _parts_length(key: bytes, depth: int) -> int:
+    """Return how many bytes the first ``depth`` id parts of a key take."""
+    end = 0
+    for _ in range(depth):
+        end += _part_length(key, end)
+    return end
+
+
+def _raw_names(cursor: Any, prefix: bytes, depth: int) -> Iterator[str]:
+    """Yield each distinct id found ``depth`` parts after ``prefix`` (ids kept raw only)."""
+    start = len(prefix)
+    positioned = cursor.set_range(prefix)
+    while positioned and cursor.key().startswith(prefix):
+        key = cursor.key()
+        offset = start + _parts_length(key[start:], depth - 1)
+        length = _part_length(key, offset)
+        if key[offset : offset + 2] != _DIGEST_MARK:
+            yield key[offset + 2 : offset + length].decode()
+        following = _after(key[: offset + length])
+        positioned = following is not None and cursor.set_range(following)
+
+
+def _item_entries_of(values: dict[str, Any]) -> Items:
+    """Return state items (key, packed value) of a decoded map."""
+    return [(key, pack(value)) for key, value in values.items()]
+
+
+# -- helpers of the operations section ------------------------------------------
+
+
+def _label(record: SessionRecord) -> str:
+    return f"session {record.app_name}/{record.user_id}/{record.session_id}"
+
+
+def _pages(stat: Any) -> int:
+    return int(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
+
+
+def _fsync(path: Path) -> None:
+    """Make a file, or a directory's entries, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _sole_user(path: Path) -> Iterator[None]:
+    """Hold LMDB's lock on a store exclusively, or refuse: another process has it open.
+
+    Every process with the store open holds a shared fcntl lock on the first
+    byte of ``lock.mdb`` for as long as it keeps it open, and a process
+    opening it first tries the exclusive lock and then waits for the shared
+    one. So taking the exclusive lock both proves that no process has the
+    store open and keeps any from opening it until this one is done.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        raise StoreError(
+            "compacting needs POSIX file locks", hint="copy the store with backup instead"
+        ) from None
+    mode = (path / "data.mdb").stat().st_mode & 0o666
+    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:
+            holder = _lock_holder(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise StoreError(
+                f"{path} is open in another process{who}",
+                hint="close every process that uses the store, then compact it",
+            ) from None
+        yield
+        # The lock table describes the old file: empty it, so that a process
+        # that waited to open the store fails instead of trusting it. The
+        # next process to open the store alone builds a fresh one.
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> int | None:
+    """Return the pid of a process holding LMDB's lock, where the platform tells it."""
+    import fcntl
+
+    if sys.platform != "linux":
+        return None
+    # struct flock on Linux: short type, short whence, off_t start, off_t len, pid_t pid.
+    layout = struct.Struct("hhqqi4x")
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, layout.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    except OSError:
+        return None
+    kind, _, _, _, pid = layout.unpack(answer)
+    return int(pid) if kind != fcntl.F_UNLCK else None

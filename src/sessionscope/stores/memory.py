@@ -8,22 +8,30 @@ aliases what is stored. One lock makes it safe to share between threads.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..codec import decode_values
-from ..errors import AlreadyExistsError, StoreClosedError
+from ..errors import AlreadyExistsError, SessionNotFoundError, StoreClosedError
 from .base import (
     AppendRequest,
     AppendResult,
     BatchOutcome,
     Completion,
+    EventCopy,
+    Expirer,
     InlineAsyncStore,
     Items,
     LoadedSession,
+    SessionCopy,
     SessionRecord,
     catch_up,
     check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
     events_seen,
 )
 
@@ -36,13 +44,22 @@ class _StoredSession:
     state: dict[str, bytes] = field(default_factory=dict)
     events: list[bytes] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
+    # The position of each stored event (ascending; gaps after a truncation)
+    # and, by event id, the position it was appended at.
+    seqs: list[int] = field(default_factory=list)
     event_index: dict[str, int] = field(default_factory=dict)
+
+    def position(self, event_id: str) -> int | None:
+        """Return where in ``events`` the event with this id is, if stored."""
+        seq = self.event_index.get(event_id)
+        return None if seq is None else bisect_left(self.seqs, seq)
 
 
 class MemoryStore:
     """Sessions, state and events in dictionaries; gone when the process ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, session_ttl: float | None = None) -> None:
+        ttl = check_ttl(session_ttl)
         self._lock = threading.Lock()
         self._apps: dict[str, dict[str, dict[str, _StoredSession]]] = {}
         self._app_state: dict[str, dict[str, bytes]] = {}
@@ -50,6 +67,10 @@ class MemoryStore:
         self._numbers = 0
         self._closed = False
         self.aio = InlineAsyncStore(self)
+        self.session_ttl = ttl
+        self._expirer = Expirer(self, ttl) if ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -178,8 +199,9 @@ class MemoryStore:
         stored = self._find(request.app_name, request.user_id, request.session_id)
         record = stored.record if stored is not None else None
         seen = None
-        if stored is not None and request.event_id in stored.event_index:
-            seen = stored.events[stored.event_index[request.event_id]]
+        if stored is not None:
+            position = stored.position(request.event_id)
+            seen = None if position is None else stored.events[position]
         if check_append(record, request, seen):
             return AppendResult(None, duplicate=True)
         assert stored is not None and record is not None
@@ -187,7 +209,8 @@ class MemoryStore:
         count_before = len(stored.events)
         self._write_shared(request.app_name, request.user_id, request.app_items, request.user_items)
         stored.state.update(request.session_items)
-        stored.event_index[request.event_id] = len(stored.events)
+        stored.event_index[request.event_id] = record.event_count
+        stored.seqs.append(record.event_count)
         stored.events.append(request.event)
         stored.timestamps.append(request.timestamp)
         record.advance(request.event_id, request.timestamp)
@@ -197,7 +220,7 @@ class MemoryStore:
         return catch_up(
             result,
             known,
-            lambda start: stored.events[start:count_before],
+            lambda start: stored.events[bisect_left(stored.seqs, start) : count_before],
             lambda: self._loaded(stored, []),
         )
 
@@ -220,12 +243,180 @@ class MemoryStore:
 
     def close(self) -> None:
         """Drop everything; later calls raise StoreClosedError."""
+        if self._expirer is not None:
+            self._expirer.stop()
         with self._lock:
             self._closed = True
             self._apps.clear()
             self._app_state.clear()
             self._user_state.clear()
 
+    # -- retention and copies --------------------------------------------
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``."""
+        with self._lock:
+            self._check_open()
+            stored = self._find(app_name, user_id, session_id)
+            if stored is None:
+                return Completion.failed(_not_found(app_name, user_id, session_id))
+            count = len(stored.events)
+            if keep_last is not None:
+                keep = [i >= count - keep_last for i in range(count)]
+            else:
+                keep = [stamp >= before for stamp in stored.timestamps]  # type: ignore[operator]
+            removed = count - sum(keep)
+            if removed:
+                gone = {seq for seq, kept in zip(stored.seqs, keep, strict=True) if not kept}
+                stored.events = [e for e, k in zip(stored.events, keep, strict=True) if k]
+                stored.timestamps = [t for t, k in zip(stored.timestamps, keep, strict=True) if k]
+                stored.seqs = [q for q, k in zip(stored.seqs, keep, strict=True) if k]
+                stored.event_index = {i: q for i, q in stored.event_index.items() if q not in gone}
+                stored.record.removed_count += removed
+            return Completion.done(removed)
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``."""
+        return self._delete_where(
+            app_name, None, lambda s: s.record.last_update_time < idle_before, False
+        )
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user and the user's state map."""
+        return self._delete_where(app_name, user_id, lambda s: True, True)
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session, user map and the app map of an app."""
+        return self._delete_where(app_name, None, lambda s: True, True)
+
+    def _delete_where(
+        self, app_name: str | None, user_id: str | None, doomed: Any, maps: bool
+    ) -> Completion[int]:
+        with self._lock:
+            self._check_open()
+            removed = 0
+            apps = list(self._apps) if app_name is None else [app_name]
+            for app in apps:
+                users = self._apps.get(app, {})
+                owners = list(users) if user_id is None else [user_id]
+                for user in owners:
+                    sessions = users.get(user, {})
+                    for sid in [sid for sid, s in sessions.items() if doomed(s)]:
+                        del sessions[sid]
+                        removed += 1
+                    if not sessions:
+                        users.pop(user, None)
+                if not users:
+                    self._apps.pop(app, None)
+            if maps and app_name is not None:
+                if user_id is not None:
+                    self._user_state.pop((app_name, user_id), None)
+                else:
+                    self._app_state.pop(app_name, None)
+                    for key in [k for k in self._user_state if k[0] == app_name]:
+                        del self._user_state[key]
+            return Completion.done(removed)
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted."""
+        with self._lock:
+            self._check_open()
+            names = {app for app, users in self._apps.items() if any(users.values())}
+            names.update(app for app, items in self._app_state.items() if items)
+            names.update(app for (app, _), items in self._user_state.items() if items)
+            return sorted(names)
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted."""
+        with self._lock:
+            self._check_open()
+            names = {user for user, sessions in self._apps.get(app_name, {}).items() if sessions}
+            names.update(
+                user for (app, user), items in self._user_state.items() if app == app_name and items
+            )
+            return sorted(names)
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given; False when an equal one is stored."""
+        check_copy(copy)
+        with self._lock:
+            self._check_open()
+            found = self._find(copy.app_name, copy.user_id, copy.session_id)
+            if found is not None:
+                if copies_equal(_copy_of(found), copy):
+                    return Completion.done(False)
+                return Completion.failed(
+                    AlreadyExistsError(
+                        f"session {copy.session_id!r} already exists with other content"
+                    )
+                )
+            self._numbers += 1
+            last = copy.events[-1].event_id if copy.events else None
+            record = SessionRecord(
+                copy.app_name,
+                copy.user_id,
+                copy.session_id,
+                self._numbers,
+                copy.create_time,
+                copy.last_update_time,
+                len(copy.events),
+                last,
+            )
+            stored = _StoredSession(
+                record,
+                dict(copy.session_items),
+                [e.record for e in copy.events],
+                [e.timestamp for e in copy.events],
+                list(range(len(copy.events))),
+                {e.event_id: i for i, e in enumerate(copy.events)},
+            )
+            users = self._apps.setdefault(copy.app_name, {}).setdefault(copy.user_id, {})
+            users[copy.session_id] = stored
+            return Completion.done(True)
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        with self._lock:
+            self._check_open()
+            self._write_shared(app_name, "", items, [])
+            return Completion.done(None)
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        with self._lock:
+            self._check_open()
+            self._write_shared(app_name, user_id, [], items)
+            return Completion.done(None)
+
+
+def _copy_of(stored: _StoredSession) -> SessionCopy:
+    record = stored.record
+    return SessionCopy(
+        record.app_name,
+        record.user_id,
+        record.session_id,
+        record.create_time,
+        record.last_update_time,
+        list(stored.state.items()),
+        [
+            EventCopy(event_copy(e).event_id, t, e)
+            for e, t in zip(stored.events, stored.timestamps, strict=True)
+        ],
+    )
+
+
+def _not_found(app_name: str, user_id: str, session_id: str) -> SessionNotFoundError:
+    return SessionNotFoundError(
+        f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+    )
+
 
 def _copy(record: SessionRecord) -> SessionRecord:
-    return SessionRecord(*record.to_list())
+    return SessionRecord.from_list(record.to_list())

@@ -1,0 +1,643 @@
+"""The store commands of ``sessionscope``: ls, show, tail, stats, verify, backup, compact,
+export, import and migrate.
+
+Each takes the parsed arguments and returns an exit code; each prints a
+table for a person, or one JSON document on stdout with ``--json``. Bad
+input raises ``UsageError`` (exit 2); a failure raises the error that says
+it (exit 1). ``cli.main`` turns both into one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .cli import UsageError
+from .console import Column, Progress, interactive, render_table
+from .errors import IncompatibleStoreError, SessionscopeError
+from .ops import (
+    MissingStoreError,
+    backup,
+    check_store,
+    compact,
+    describe_event,
+    jsonable,
+    list_apps,
+    list_users,
+    lmdb_path,
+    open_existing,
+    session_page,
+    store_stats,
+)
+from .stores import LmdbStore, Store, open_store
+
+__all__ = ["HANDLERS"]
+
+
+# -- shared pieces -----------------------------------------------------------------
+
+
+def _is_corrupt(error: BaseException) -> bool:
+    from . import errors
+
+    corrupt = getattr(errors, "CorruptStoreError", None)
+    return corrupt is not None and isinstance(error, corrupt)
+
+
+def open_uri(uri: str, *, existing: bool = True) -> Store:
+    """Open a store; bad URIs, missing paths and incompatible files are usage errors.
+
+    A damaged store stays the error it is (exit 1): the input named a store,
+    and the store is what failed.
+    """
+    try:
+        return open_existing(uri) if existing else open_store(uri)
+    except MissingStoreError as error:
+        raise UsageError(f"no store: {error}") from None
+    except IncompatibleStoreError as error:
+        if _is_corrupt(error):
+            raise
+        raise UsageError(str(error)) from None
+    except SessionscopeError:
+        raise
+    except ValueError as error:  # an unknown scheme or option
+        raise UsageError(str(error)) from None
+
+
+@contextmanager
+def opened(uri: str, *, existing: bool = True) -> Iterator[Store]:
+    """Open a store for the length of a command, and close it."""
+    store = open_uri(uri, existing=existing)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _progress(args: argparse.Namespace, total: int | None, label: str) -> Progress:
+    """Return a progress bar, drawn only on a terminal and without ``--no-progress``."""
+    return Progress(total, label, enabled=not args.no_progress and interactive())
+
+
+def _report(progress: Progress) -> Callable[[int, int], None]:
+    return lambda done, total: progress.update(done, total)
+
+
+def _advance(progress: Progress) -> Callable[[int], None]:
+    """Return a callback that moves the bar on by the number of records just handled."""
+    return lambda count: progress.update(progress.done + count)
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any], text: Callable[[], str]) -> None:
+    if args.json:
+        print(json.dumps(jsonable(document), indent=2, ensure_ascii=False))
+    else:
+        print(text())
+
+
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    moment = datetime.fromtimestamp(stamp, timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _value(value: Any) -> str:
+    return json.dumps(jsonable(value), ensure_ascii=False, default=str)
+
+
+def _page(names: list[str], limit: int, cursor: str | None) -> tuple[list[str], str | None]:
+    """Return the names after ``cursor`` (the last name of the page before), and the next one."""
+    rest = [name for name in names if cursor is None or name > cursor]
+    page = rest[:limit]
+    return page, page[-1] if len(rest) > limit else None
+
+
+# -- ls --------------------------------------------------------------------------
+
+
+def ls(args: argparse.Namespace) -> int:
+    """List apps, an app's users, or a user's sessions."""
+    if args.user is not None and args.app is None:
+        raise UsageError("--user needs --app")
+    with opened(args.uri) as store:
+        if args.app is None:
+            names, cursor = _page(list_apps(store), args.limit, args.cursor)
+            rows = [_app_row(store, name) for name in names]
+            document: dict[str, Any] = {"apps": rows, "next_cursor": cursor}
+            columns: list[Column | str] = [
+                "app",
+                Column("users", True),
+                Column("sessions", True),
+                Column("events", True),
+                "last update",
+            ]
+            cells = [
+                [r["app"], r["users"], r["sessions"], r["events"], _when(r["last_update"])]
+                for r in rows
+            ]
+        elif args.user is None:
+            names, cursor = _page(list_users(store, args.app), args.limit, args.cursor)
+            rows = [_user_row(store, args.app, name) for name in names]
+            document = {"app": args.app, "users": rows, "next_cursor": cursor}
+            columns = ["user", Column("sessions", True), Column("events", True), "last update"]
+            cells = [[r["user"], r["sessions"], r["events"], _when(r["last_update"])] for r in rows]
+        else:
+            try:
+                rows, cursor = session_page(store, args.app, args.user, args.limit, args.cursor)
+            except ValueError as error:  # a cursor no listing returned
+                raise UsageError(str(error)) from None
+            document = {"app": args.app, "user": args.user, "sessions": rows}
+            document["next_cursor"] = cursor
+            columns = [
+                "session",
+                Column("events", True),
+                Column("size", True),
+                "created",
+                "last update",
+            ]
+            cells = [
+                [
+                    r["session"],
+                    r["events"],
+                    _size(r["bytes"]),
+                    _when(r["created"]),
+                    _when(r["last_update"]),
+                ]
+                for r in rows
+            ]
+
+    def text() -> str:
+        out = render_table(columns, cells) if cells else "(none)"
+        if cursor is not None:
+            out += f"\nmore: --cursor {cursor}"
+        return out
+
+    _emit(args, document, text)
+    return 0
+
+
+def _app_row(store: Store, app: str) -> dict[str, Any]:
+    records = store.list_sessions(app, None)
+    return {
+        "app": app,
+        "users": len(list_users(store, app)),
+        "sessions": len(records),
+        "events": sum(r.stored_count for r in records),
+        "last_update": max((r.last_update_time for r in records), default=None),
+    }
+
+
+def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
+    records = store.list_sessions(app, user)
+    return {
+        "user": user,
+        "sessions": len(records),
+        "events": sum(r.stored_count for r in records),
+        "last_update": max((r.last_update_time for r in records), default=None),
+    }
+
+
+# -- show and tail -----------------------------------------------------------------
+
+
+def _missing_session(args: argparse.Namespace) -> SessionscopeError:
+    from .errors import SessionNotFoundError
+
+    return SessionNotFoundError(
+        f"no session {args.session!r} of user {args.user!r} in app {args.app!r}"
+    )
+
+
+def _event_rows(events: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [
+            e["position"],
+            _when(e["timestamp"]),
+            e["author"],
+            e["summary"],
+            ", ".join(e["state_delta"]),
+        ]
+        for e in events
+    ]
+
+
+_EVENT_COLUMNS: list[Column | str] = [Column("#", True), "time", "author", "content", "delta"]
+
+
+def show(args: argparse.Namespace) -> int:
+    """Print a session's state by scope and its last events."""
+    with opened(args.uri) as store:
+        loaded = store.load_session(args.app, args.user, args.session, args.last, None)
+    if loaded is None:
+        raise _missing_session(args)
+    record = loaded.record
+    first = record.stored_count - len(loaded.events)
+    events = [
+        {"position": first + i, **describe_event(data)} for i, data in enumerate(loaded.events)
+    ]
+    document = {
+        "app": record.app_name,
+        "user": record.user_id,
+        "session": record.session_id,
+        "created": record.create_time,
+        "last_update": record.last_update_time,
+        "events_stored": record.stored_count,
+        "revision": record.marker,
+        "state": {
+            "app": loaded.app_state,
+            "user": loaded.user_state,
+            "session": loaded.session_state,
+        },
+        "events": events,
+    }
+
+    def text() -> str:
+        out = [
+            f"session  {record.app_name} / {record.user_id} / {record.session_id}",
+            f"created  {_when(record.create_time)}   last update "
+            f"{_when(record.last_update_time)}   events {record.stored_count}",
+            "",
+        ]
+        scopes = (
+            ("app state (app:)", loaded.app_state),
+            ("user state (user:)", loaded.user_state),
+            ("session state", loaded.session_state),
+        )
+        for title, values in scopes:
+            rows = [[key, _value(value)] for key, value in sorted(values.items())]
+            out.append(render_table(["key", "value"], rows, title=title) if rows else title)
+            if not rows:
+                out.append("  (empty)")
+            out.append("")
+        title = f"last {len(events)} of {record.stored_count} events"
+        out.append(render_table(_EVENT_COLUMNS, _event_rows(events), title=title))
+        return "\n".join(out)
+
+    _emit(args, document, text)
+    return 0
+
+
+def _tail_line(event: dict[str, Any]) -> str:
+    delta = f"  [delta: {', '.join(event['state_delta'])}]" if event["state_delta"] else ""
+    return (
+        f"{_when(event['timestamp'])}  #{event['position']}  {event['author'] or '-'}  "
+        f"{event['summary']}{delta}"
+    )
+
+
+def tail(args: argparse.Namespace) -> int:
+    """Print a session's last events; with --follow, then each new one until interrupted.
+
+    Each poll reads the session with no events (its record only) and, when
+    its count moved past the one last seen, exactly the events after it.
+    """
+    if args.follow:
+        # SIGTERM ends a follow the way Ctrl-C does: quietly, with status 0.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def emit(event: dict[str, Any]) -> None:
+        line = json.dumps(jsonable(event), ensure_ascii=False) if args.json else _tail_line(event)
+        print(line, flush=True)
+
+    with opened(args.uri) as store:
+        loaded = store.load_session(args.app, args.user, args.session, args.last, None)
+        if loaded is None:
+            raise _missing_session(args)
+        seen = loaded.record.event_count
+        stored = loaded.record.stored_count
+        first = stored - len(loaded.events)
+        for i, data in enumerate(loaded.events):
+            emit({"position": first + i, **describe_event(data)})
+        if not args.follow:
+            return 0
+        try:
+            while True:
+                time.sleep(args.interval)
+                head = store.load_session(args.app, args.user, args.session, 0, None)
+                if head is None:
+                    print("sessionscope tail: the session was deleted", file=sys.stderr)
+                    return 1
+                if head.record.stored_count < stored or head.record.event_count < seen:
+                    # Truncated, or deleted and created again: go on from its end.
+                    seen, stored = head.record.event_count, head.record.stored_count
+                    continue
+                new = head.record.stored_count - stored
+                while new > 0:
+                    batch = store.load_session(args.app, args.user, args.session, new, None)
+                    if batch is None:
+                        break
+                    grown = batch.record.stored_count - stored
+                    if grown != new:  # more were appended between the two reads
+                        new = grown
+                        continue
+                    first = batch.record.stored_count - len(batch.events)
+                    for i, data in enumerate(batch.events):
+                        emit({"position": first + i, **describe_event(data)})
+                    seen, stored = batch.record.event_count, batch.record.stored_count
+                    new = 0
+        except KeyboardInterrupt:
+            return 0
+
+
+# -- stats and verify --------------------------------------------------------------
+
+
+def stats(args: argparse.Namespace) -> int:
+    """Print sessions, events and bytes per app and scope, and the file's figures."""
+    with opened(args.uri) as store, _progress(args, None, "stats") as bar:
+        figures = store_stats(store, progress=_report(bar))
+    figures = {"uri": args.uri, **figures}
+
+    def text() -> str:
+        columns: list[Column | str] = [
+            "app",
+            Column("sessions", True),
+            Column("events", True),
+            Column("app state", True),
+            Column("user state", True),
+            Column("session state", True),
+            Column("events size", True),
+        ]
+
+        def row(name: str, f: dict[str, int]) -> list[Any]:
+            return [
+                name,
+                f"{f['sessions']:,}",
+                f"{f['events']:,}",
+                _size(f["app_state_bytes"]),
+                _size(f["user_state_bytes"]),
+                _size(f["session_state_bytes"]),
+                _size(f["event_bytes"]),
+            ]
+
+        rows = [row(name, f) for name, f in figures["apps"].items()]
+        rows.append(row("total", figures["totals"]))
+        out = [render_table(columns, rows, title="by app and scope (keys and packed values)")]
+        space = figures.get("file")
+        if space is not None:
+            pages = [
+                ["file size", _size(space["file_size"])],
+                ["map size", _size(space["map_size"])],
+                ["page size", _size(space["page_size"])],
+                ["pages up to the last in use", f"{space['pages']:,}"],
+                ["pages in use by databases", f"{space['pages_used']:,}"],
+                ["free pages (reusable; compact removes them)", f"{space['free_pages']:,}"],
+            ]
+            out.append("")
+            out.append(render_table(["file", Column("", True)], pages))
+        return "\n".join(out)
+
+    _emit(args, figures, text)
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """Check a store's structure and logic; exit 1 listing the problems found."""
+    try:
+        store = open_uri(args.uri)
+    except UsageError as error:
+        # A path that exists but is refused at open is a finding, not bad usage.
+        path = lmdb_path(args.uri)
+        if path is None or not (path / "data.mdb").is_file():
+            raise
+        return _verify_report(args, {"clean": False, "structural": "failed",
+                                     "problems": [f"open: {error}"]})  # fmt: skip
+    except SessionscopeError as error:
+        if not _is_corrupt(error):
+            raise
+        return _verify_report(args, {"clean": False, "structural": "failed",
+                                     "problems": [f"open: {error}"]})  # fmt: skip
+    try:
+        with _progress(args, None, "verify") as bar:
+            report = check_store(store, progress=_report(bar))
+    finally:
+        store.close()
+    return _verify_report(args, report.to_dict())
+
+
+def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    document = {"uri": args.uri, **report}
+
+    def text() -> str:
+        lines = [f"structure  {report['structural']}"]
+        if "sessions" in report:
+            lines.append(f"checked    {report['sessions']:,} sessions, {report['events']:,} events")
+        if report["problems"]:
+            lines.append(f"FAILED     {len(report['problems'])} problem(s):")
+            lines.extend(f"  - {problem}" for problem in report["problems"])
+        else:
+            lines.append("clean      counts, index entries and records agree")
+        return "\n".join(lines)
+
+    _emit(args, document, text)
+    return 0 if report["clean"] else 1
+
+
+# -- backup and compact ------------------------------------------------------------
+
+
+def _lmdb_only(uri: str, command: str) -> Path:
+    path = lmdb_path(uri)
+    if path is None:
+        scheme = uri.partition(":")[0]
+        raise UsageError(f"{command} works on lmdb:// stores, not {scheme}://")
+    return path
+
+
+def backup_command(args: argparse.Namespace) -> int:
+    """Copy a live LMDB store into a new directory and verify the copy."""
+    _lmdb_only(args.uri, "backup")
+    dest = Path(args.dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"{dest} exists and is not empty: back up into a new directory")
+    with opened(args.uri) as store, _progress(args, None, "backup") as bar:
+        assert isinstance(store, LmdbStore)
+        result = backup(store, dest)
+        bar.update(1, 1)
+
+    def text() -> str:
+        return render_table(
+            ["backup", Column("", True)],
+            [
+                ["written to", result["uri"]],
+                ["store size", _size(result["source_bytes"])],
+                ["backup size", _size(result["backup_bytes"])],
+                ["sessions", f"{result['sessions']:,}"],
+                ["events", f"{result['events']:,}"],
+                ["copy time", f"{result['copy_s']:.3f} s"],
+                ["total time (with verify)", f"{result['total_s']:.3f} s"],
+                ["verified", "yes: structure and logic"],
+            ],
+        )
+
+    _emit(args, result, text)
+    return 0
+
+
+def compact_command(args: argparse.Namespace) -> int:
+    """Rewrite a closed LMDB store without free pages, via a verified copy."""
+    path = _lmdb_only(args.uri, "compact")
+    if not (path / "data.mdb").is_file():
+        raise UsageError(f"no store: {path} holds none")
+    try:
+        with _progress(args, None, "compact") as bar:
+            result = compact(path)
+            bar.update(1, 1)
+    except IncompatibleStoreError as error:
+        if _is_corrupt(error):
+            raise
+        raise UsageError(str(error)) from None
+
+    def text() -> str:
+        saved = result["bytes_before"] - result["bytes_after"]
+        return render_table(
+            ["compact", Column("", True)],
+            [
+                ["store", str(path)],
+                ["size before", _size(result["bytes_before"])],
+                ["size after", _size(result["bytes_after"])],
+                ["freed", _size(saved)],
+                ["sessions", f"{result['sessions']:,}"],
+                ["events", f"{result['events']:,}"],
+                ["time", f"{result['total_s']:.3f} s"],
+            ],
+        )
+
+    _emit(args, result, text)
+    return 0
+
+
+# -- export, import, migrate -------------------------------------------------------
+
+
+def _counts(value: Any) -> dict[str, Any]:
+    """Return the fields of a result object (a dataclass or a plain one) as a map."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return value
+    return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+
+
+def _counts_text(title: str, fields: dict[str, Any]) -> str:
+    rows = [[name, f"{v:,}" if isinstance(v, int) else str(v)] for name, v in fields.items()]
+    return render_table([title, Column("", True)], rows)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Write a store (or one app or user) as a dump, or an app as a trace."""
+    if args.user is not None and args.app is None:
+        raise UsageError("--user needs --app")
+    out = Path(args.out)
+    if args.format == "trace":
+        if args.app is None:
+            raise UsageError("--format trace needs --app: a trace holds one app")
+        from .trace import export_trace
+
+        with opened(args.uri) as store:
+            count = export_trace(store, args.app, out, user_id=args.user)
+        document = {"format": "trace", "out": str(out), "calls": count}
+        _emit(args, document, lambda: f"wrote {count:,} calls to {out}")
+        return 0
+    from .dump import export_dump
+
+    with opened(args.uri) as store, _progress(args, None, "export") as bar:
+        counts = export_dump(
+            store, out, app_name=args.app, user_id=args.user, progress=_advance(bar)
+        )
+    document = {"format": "dump", "out": str(out), **_counts(counts)}
+    _emit(args, document, lambda: _counts_text(f"exported to {out}", _counts(counts)))
+    return 0
+
+
+def import_command(args: argparse.Namespace) -> int:
+    """Load a dump into a store (created if missing); a bad dump changes nothing."""
+    from .dump import import_dump
+
+    source = Path(args.source)
+    if not source.is_file():
+        raise UsageError(f"{source} does not exist")
+    path = lmdb_path(args.uri)
+    created = path is not None and not path.exists()
+    try:
+        with opened(args.uri, existing=False) as store, _progress(args, None, "import") as bar:
+            counts = import_dump(store, source, progress=_advance(bar))
+    except BaseException:
+        # A refused dump leaves no store behind where there was none.
+        if created and path is not None and path.is_dir():
+            shutil.rmtree(path)
+        raise
+    document = {"uri": args.uri, "source": str(source), **_counts(counts)}
+    _emit(args, document, lambda: _counts_text(f"imported from {source}", _counts(counts)))
+    return 0
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
+    from .migrate import migrate_from_adk, open_adk_service
+
+    try:
+        # Refuse a source ADK cannot open before the target store is created.
+        open_adk_service(args.source)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    started = time.perf_counter()
+    with opened(args.to, existing=False) as store, _progress(args, None, "migrate") as bar:
+        try:
+            report = migrate_from_adk(args.source, store, app_name=args.app, progress=_advance(bar))
+        except SessionscopeError:
+            raise
+        except ValueError as error:  # a source URL ADK cannot open, or no such file
+            raise UsageError(str(error)) from None
+    fields = _counts(report)
+    fields.setdefault("elapsed_s", time.perf_counter() - started)
+    differences = list(report.differences)
+    document = {"from": args.source, "to": args.to, **fields, "differences": differences}
+
+    def text() -> str:
+        shown = {k: v for k, v in fields.items() if k != "differences"}
+        out = [_counts_text(f"migrated {args.source} to {args.to}", shown)]
+        if differences:
+            out.append(f"DIFFERENCES ({len(differences)}):")
+            out.extend(f"  - {difference}" for difference in differences)
+        else:
+            out.append("no differences: both sides read back equal through ADK's API")
+        return "\n".join(out)
+
+    _emit(args, document, text)
+    return 1 if differences else 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "ls": ls,
+    "show": show,
+    "tail": tail,
+    "stats": stats,
+    "verify": verify,
+    "backup": backup_command,
+    "compact": compact_command,
+    "export": export_command,
+    "import": import_command,
+    "migrate": migrate_command,
+}

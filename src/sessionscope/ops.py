@@ -1,0 +1,391 @@
+"""Operations on a whole store: open one that exists, list, describe, measure, check, copy.
+
+What the command line runs, kept apart from how it prints. Everything here
+goes through the Store protocol, and through an LMDB store's own
+operations (``list_apps``, ``check_layout``, ``space``, ``copy_to``,
+``compact``, and ``verify`` where the store has it) only where the question
+is about its file.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .codec import decode_event, pack
+from .errors import SessionscopeError, StoreError
+from .stores import LmdbStore, Store, open_store
+from .stores.base import LoadedSession, SessionRecord
+
+__all__ = [
+    "CheckReport",
+    "MissingStoreError",
+    "backup",
+    "check_store",
+    "compact",
+    "describe_event",
+    "jsonable",
+    "list_apps",
+    "list_users",
+    "lmdb_path",
+    "open_existing",
+    "session_page",
+    "store_stats",
+]
+
+# progress(done, total): how far a long operation is.
+ProgressFn = Callable[[int, int], None]
+
+
+class MissingStoreError(SessionscopeError, ValueError):
+    """A command that reads a store was given a path that holds none."""
+
+
+def lmdb_path(uri: str) -> Path | None:
+    """Return the directory an ``lmdb://`` URI names, None for any other scheme."""
+    parts = urlsplit(uri)
+    if parts.scheme != "lmdb":
+        return None
+    return Path(unquote(parts.netloc + parts.path))
+
+
+def open_existing(uri: str) -> Store:
+    """Open the store a URI names, refusing a path that holds no store (nothing is created)."""
+    path = lmdb_path(uri)
+    if path is not None and path.parts and not (path / "data.mdb").is_file():
+        what = "does not exist" if not path.exists() else "holds no store"
+        raise MissingStoreError(f"{uri}: {path} {what}")
+    return open_store(uri)
+
+
+def list_apps(store: Store) -> list[str]:
+    """Return the store's app names, sorted."""
+    return store.list_apps()
+
+
+def list_users(store: Store, app_name: str) -> list[str]:
+    """Return an app's user ids, sorted."""
+    return store.list_users(app_name)
+
+
+def session_page(
+    store: Store, app_name: str, user_id: str | None, limit: int | None, cursor: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Return one page of an app's (or user's) sessions with their sizes, and the next cursor.
+
+    The page is the service's listing page (least recently active first);
+    a session's size is its events' and its own state's stored bytes.
+    """
+    from .service import check_page, page_of
+
+    check_page(limit, cursor)
+    records = store.list_sessions(app_name, user_id)
+    page = page_of(records, limit, cursor)
+    by_ids = {(r.user_id, r.session_id): r for r in records}
+    rows = []
+    for meta in page.sessions:
+        record = by_ids[(meta.user_id, meta.id)]
+        loaded = store.load_session(app_name, meta.user_id, meta.id, None, None)
+        size = _session_bytes(loaded) if loaded is not None else 0
+        rows.append(
+            {
+                "app": app_name,
+                "user": meta.user_id,
+                "session": meta.id,
+                "events": record.stored_count,
+                "bytes": size,
+                "created": meta.create_time,
+                "last_update": meta.last_update_time,
+            }
+        )
+    return rows, page.next_cursor
+
+
+def _map_bytes(values: dict[str, Any]) -> int:
+    return sum(len(key.encode()) + len(pack(value)) for key, value in values.items())
+
+
+def _session_bytes(loaded: LoadedSession) -> int:
+    return sum(map(len, loaded.events)) + _map_bytes(loaded.session_state)
+
+
+def jsonable(value: Any) -> Any:
+    """Return a value JSON can carry: bytes as ``{"base64": ...}``, NaN and infinities as text."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def describe_event(record: bytes) -> dict[str, Any]:
+    """Return what a person reads of a stored event: who, when, a one-line summary, and all of it.
+
+    Works for events stored by the native service and by the google-adk
+    drop-in (whose fields are spelled in camelCase).
+    """
+    fields = decode_event(record)
+    actions = fields.get("actions") or {}
+    delta = actions.get("state_delta", actions.get("stateDelta")) or {}
+    return {
+        "id": fields.get("id"),
+        "timestamp": fields.get("timestamp"),
+        "author": fields.get("author", ""),
+        "summary": _summary(fields.get("content")),
+        "state_delta": sorted(delta),
+        "record": fields,
+    }
+
+
+def _summary(content: Any, limit: int = 120) -> str:
+    """Return a line saying what an event's content holds: text, calls, responses, data."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, dict) and isinstance(content.get("parts"), list):
+        pieces = []
+        for part in content["parts"]:
+            if not isinstance(part, dict):
+                pieces.append(str(part))
+                continue
+            call = part.get("function_call") or part.get("functionCall")
+            answer = part.get("function_response") or part.get("functionResponse")
+            blob = part.get("inline_data") or part.get("inlineData")
+            if part.get("text"):
+                pieces.append(str(part["text"]))
+            elif isinstance(call, dict):
+                pieces.append(f"call {call.get('name')}({_short(call.get('args'))})")
+            elif isinstance(answer, dict):
+                pieces.append(f"response {answer.get('name')}: {_short(answer.get('response'))}")
+            elif isinstance(blob, dict):
+                data = blob.get("data")
+                size = len(data) if isinstance(data, bytes | str) else 0
+                kind = blob.get("mime_type") or blob.get("mimeType")
+                pieces.append(f"[{kind} {size} bytes]")
+            else:
+                pieces.append(_short(part))
+        text = " | ".join(pieces)
+    else:
+        text = _short(content)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    import json
+
+    return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# -- stats -------------------------------------------------------------------------
+
+
+def store_stats(store: Store, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Return sessions, events and bytes per app and per scope, and the file's figures.
+
+    Bytes are the stored sizes of keys and packed values, summed by scope:
+    app state, user state, session state, and events.
+    """
+    apps: dict[str, dict[str, int]] = {}
+    names = list_apps(store)
+    for done, app in enumerate(names):
+        entry = apps[app] = {
+            "sessions": 0,
+            "events": 0,
+            "app_state_bytes": _map_bytes(store.read_app_state(app)),
+            "user_state_bytes": 0,
+            "session_state_bytes": 0,
+            "event_bytes": 0,
+        }
+        for user in list_users(store, app):
+            entry["user_state_bytes"] += _map_bytes(store.read_user_state(app, user))
+        for record in store.list_sessions(app, None):
+            loaded = store.load_session(app, record.user_id, record.session_id, None, None)
+            if loaded is None:  # deleted since the listing
+                continue
+            entry["sessions"] += 1
+            entry["events"] += len(loaded.events)
+            entry["event_bytes"] += sum(map(len, loaded.events))
+            entry["session_state_bytes"] += _map_bytes(loaded.session_state)
+        if progress is not None:
+            progress(done + 1, len(names))
+    scopes = ("app_state_bytes", "user_state_bytes", "session_state_bytes", "event_bytes")
+    totals = {
+        "apps": len(apps),
+        "sessions": sum(a["sessions"] for a in apps.values()),
+        "events": sum(a["events"] for a in apps.values()),
+        **{scope: sum(a[scope] for a in apps.values()) for scope in scopes},
+    }
+    result: dict[str, Any] = {"totals": totals, "apps": apps}
+    if isinstance(store, LmdbStore):
+        result["file"] = store.space()
+    return result
+
+
+# -- verify ------------------------------------------------------------------------
+
+
+@dataclass
+class CheckReport:
+    """What a check of a store found: an empty ``problems`` means clean."""
+
+    structural: str = "skipped"
+    sessions: int = 0
+    events: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """Tell whether the check found nothing wrong."""
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready map."""
+        return {
+            "clean": self.clean,
+            "structural": self.structural,
+            "sessions": self.sessions,
+            "events": self.events,
+            "problems": self.problems,
+        }
+
+
+def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport:
+    """Check a store's structure (where it can tell) and its logic; return what was found.
+
+    Logic: every listed session reads back, its events decode, their ids are
+    distinct and their number is the one its record counts; on LMDB, the key
+    layout's own invariants too (``LmdbStore.check_layout``).
+    """
+    from . import errors
+
+    report = CheckReport()
+    verify = getattr(store, "verify", None)
+    if verify is not None:
+        corrupt = getattr(errors, "CorruptStoreError", StoreError)
+        try:
+            verify()
+            report.structural = "ok"
+        except corrupt as error:
+            report.structural = "failed"
+            report.problems.append(f"structure: {error}")
+            return report
+    records = [r for app in list_apps(store) for r in store.list_sessions(app, None)]
+    total = len(records)
+    for done, record in enumerate(records, start=1):
+        _check_session(store, record, report)
+        if progress is not None:
+            progress(done, total)
+    if isinstance(store, LmdbStore):
+        report.problems.extend(store.check_layout())
+    return report
+
+
+def _check_session(store: Store, record: SessionRecord, report: CheckReport) -> None:
+    label = f"session {record.app_name}/{record.user_id}/{record.session_id}"
+    try:
+        loaded = store.load_session(record.app_name, record.user_id, record.session_id, None, None)
+    except SessionscopeError as error:
+        report.problems.append(f"{label}: cannot be read: {error}")
+        return
+    if loaded is None:
+        return  # deleted since the listing
+    report.sessions += 1
+    report.events += len(loaded.events)
+    if len(loaded.events) != loaded.record.stored_count:
+        report.problems.append(
+            f"{label}: counts {loaded.record.stored_count} events, reads {len(loaded.events)}"
+        )
+    ids: set[str] = set()
+    for position, data in enumerate(loaded.events):
+        try:
+            event_id = decode_event(data)["id"]
+        except Exception as error:  # any undecodable record is a finding
+            report.problems.append(f"{label}: event {position} does not decode: {error}")
+            continue
+        if event_id in ids:
+            report.problems.append(f"{label}: event id {event_id!r} is stored twice")
+        ids.add(event_id)
+
+
+def _check_copy(directory: Path) -> CheckReport:
+    """Open a copy of a store and check it; raise if it is not clean."""
+    copy = LmdbStore(directory)
+    try:
+        report = check_store(copy)
+    finally:
+        copy.close()
+    if not report.clean:
+        shown = "; ".join(report.problems[:5])
+        raise StoreError(
+            f"the copy in {directory} did not verify: {shown}",
+            hint="the original is untouched; run verify on it",
+        )
+    return report
+
+
+# -- backup and compaction ---------------------------------------------------------
+
+
+def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
+    """Copy a live store into the new or empty directory ``dest``, then check the copy.
+
+    Refuses a ``dest`` that holds anything (``FileExistsError``). A copy that
+    fails or does not verify is removed again, with the directory if this
+    call created it.
+    """
+    created = not dest.exists()
+    if not created and (not dest.is_dir() or any(dest.iterdir())):
+        raise FileExistsError(f"{dest} exists and is not an empty directory")
+    started = time.perf_counter()
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        store.copy_to(dest)
+        copied = time.perf_counter() - started
+        report = _check_copy(dest)
+    except BaseException:
+        for name in ("data.mdb", "lock.mdb"):
+            (dest / name).unlink(missing_ok=True)
+        if created:
+            dest.rmdir()
+        raise
+    return {
+        "source": str(store.path),
+        "dest": str(dest),
+        "uri": f"lmdb://{dest.resolve()}",
+        "source_bytes": (store.path / "data.mdb").stat().st_size,
+        "backup_bytes": (dest / "data.mdb").stat().st_size,
+        "sessions": report.sessions,
+        "events": report.events,
+        "copy_s": copied,
+        "total_s": time.perf_counter() - started,
+        "verified": True,
+    }
+
+
+def compact(path: Path) -> dict[str, Any]:
+    """Rewrite the LMDB store at ``path`` without free pages; refuse while it is open elsewhere."""
+    if not (path / "data.mdb").is_file():
+        raise MissingStoreError(f"{path} holds no store")
+    started = time.perf_counter()
+    checked: list[CheckReport] = []
+    before, after = LmdbStore.compact(path, lambda copy: checked.append(_check_copy(copy)))
+    return {
+        "path": str(path),
+        "bytes_before": before,
+        "bytes_after": after,
+        "sessions": checked[0].sessions,
+        "events": checked[0].events,
+        "total_s": time.perf_counter() - started,
+    }
