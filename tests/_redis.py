@@ -1,22 +1,24 @@
 """Real Redis servers for the tests: one standalone server and a three-primary cluster.
 
-Each is started once per test session, on 127.0.0.1 and free ports, in a
-temporary directory, and stopped by its pid at the end. Tests that need a
+Each is started once per test session (on first use), on 127.0.0.1 and free
+ports, in a temporary directory, and stopped by its pid when the tests end. Tests that need a
 server of their own (kill -9, restart, persistence) start one with
 ``RedisServer`` directly.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,23 +176,39 @@ def _require_redis() -> None:
         pytest.fail("redis-server and redis-cli are needed: apt-get install redis-server")
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """Yield the session's standalone redis-server."""
-    _require_redis()
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+# The session's servers, started on first use and stopped (by pid) when the
+# test process exits, so that code outside a fixture (a factory built inside a
+# test) reaches the same servers as the fixtures.
+_shared: dict[str, Any] = {}
+
+
+def shared(kind: str) -> Any:
+    """Return the session's standalone server ("redis") or cluster ("redis-cluster")."""
+    if kind not in _shared:
+        _require_redis()
+        directory = Path(tempfile.mkdtemp(prefix="sessionscope-redis-"))
+        started: Any = (
+            RedisServer(directory).start() if kind == "redis" else RedisCluster(directory).start()
+        )
+        _shared[kind] = started
+        atexit.register(_stop, started, directory)
+    return _shared[kind]
+
+
+def _stop(started: Any, directory: Path) -> None:
+    started.stop()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """Yield the session's three-primary Redis Cluster."""
-    _require_redis()
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def redis_server() -> RedisServer:
+    """Return the session's standalone redis-server."""
+    server: RedisServer = shared("redis")
+    return server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> RedisCluster:
+    """Return the session's three-primary Redis Cluster."""
+    cluster: RedisCluster = shared("redis-cluster")
+    return cluster

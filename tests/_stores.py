@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+import _redis
 import sessionscope
 from sessionscope import (
     Event,
@@ -69,7 +70,9 @@ class StoreFactory:
     @property
     def uri(self) -> str:
         """Return the URI of this factory's Redis store."""
-        assert self.server_url is not None, "only the Redis kinds have a URI"
+        assert self.kind in REDIS_KINDS, "only the Redis kinds have a URI"
+        if self.server_url is None:
+            self.server_url = str(_redis.shared(self.kind).url)
         return f"{self.server_url}?prefix={self.prefix}"
 
     @property
@@ -99,8 +102,7 @@ class StoreFactory:
         if self.kind == "memory":
             return self(**kwargs)
         if self.kind in REDIS_KINDS:
-            assert self.server_url is not None
-            store = open_store(f"{self.server_url}?prefix={self.prefix}-{name}", **kwargs)
+            store = open_store(f"{self.uri}-{name}", **kwargs)
             self._opened.append(store)
             return store
         kwargs.setdefault("durability", self.durability)

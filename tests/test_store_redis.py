@@ -179,8 +179,9 @@ def test_delete_removes_every_key_of_the_session(server: Any, uri: str) -> None:
         left = {key for key in after - before if b"gone" in key}
         assert left == set()
         # What stays is shared: the app and user maps (the contract keeps them), the
-        # app's user directory, and the bookkeeping of app deltas (cluster).
-        shared = (b"}a", b"}u", b"}d", b"}p", b"}k")
+        # app's user directory, the store's apps, the user's session number
+        # counter, and the bookkeeping of app deltas (cluster).
+        shared = (b"}a", b"}u", b"}d", b"}p", b"}k", b"}c", b":apps")
         assert all(key.endswith(shared) for key in after - before), after - before
         assert svc.get_app_state(app_name=APP) == {"a": 4}
         assert svc.get_user_state(app_name=APP, user_id=USER) == {"u": 4}
@@ -505,3 +506,21 @@ def test_bench_replays_on_given_stores_under_its_own_prefixes(server: Any, tmp_p
     bench._drop_scoped_stores(targets)
     for uri in scoped:
         assert keys_of(server, prefix_of(uri)) == set()
+
+
+def test_delete_user_and_app_leave_no_key_behind(server: Any, uri: str) -> None:
+    """After delete_app, a scan of the keyspace finds nothing of the app's users or sessions."""
+    prefix = prefix_of(uri)
+    with SyncSessionService(uri) as svc:
+        before = keys_of(server, prefix)
+        made = {}
+        for user in ("u1", "u2"):
+            s = svc.create_session(app_name=APP, user_id=user, state={"app:a": 1, "user:u": 1})
+            svc.append_event(s, ev(delta={"k": 1, "app:a": 2, "user:u": 2}))
+            made[user] = s.id
+        # A truncated session has a positions set too: it must go as well.
+        assert svc.store.truncate_events(APP, "u1", made["u1"], None, 0).result() == 1
+        assert svc.store.delete_app(APP).result() == 2
+        left = keys_of(server, prefix) - before
+        assert left == {(prefix + ":apps").encode()} or left == set()
+        assert svc.store.list_apps() == []

@@ -68,6 +68,7 @@ _REDIS_OPTIONS: dict[str, Any] = {
     "ttl": int,
     "wait": int,
     "timeout": float,
+    "session_ttl": float,
 }
 
 

@@ -57,16 +57,30 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..codec import decode_values, pack, unpack
-from ..errors import AlreadyExistsError, IncompatibleStoreError, StoreClosedError, StoreError
+from ..errors import (
+    AlreadyExistsError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreClosedError,
+    StoreError,
+)
 from .base import (
+    BATCH_EVENTS,
+    BATCH_SESSIONS,
     AppendRequest,
     AppendResult,
     BatchOutcome,
     Completion,
+    Expirer,
     Items,
     LoadedSession,
+    SessionCopy,
     SessionRecord,
     check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
 )
 
 __all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
@@ -88,6 +102,8 @@ _U32 = struct.Struct(">I")
 between_steps: Callable[[], None] | None = None
 # The field of a user's pending hash that counts app deltas recorded.
 _ORDER_FIELD = b"#"
+# The fields of a session record hash, in SessionRecord's order.
+_RECORD_FIELDS = ("app", "user", "sid", "n", "c", "u", "k", "l", "r")
 # (command, arguments...) of one Redis command.
 Command = tuple[Any, ...]
 # An operation: yields the commands of each round trip, receives their replies.
@@ -130,7 +146,7 @@ def _raw_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
 
 
 def _record(fields: list[Any]) -> SessionRecord:
-    app, user, sid, number, created, updated, count, last = fields
+    app, user, sid, number, created, updated, count, last, removed = fields
     return SessionRecord(
         app.decode(),
         user.decode(),
@@ -140,6 +156,7 @@ def _record(fields: list[Any]) -> SessionRecord:
         float(updated),
         int(count),
         _text(last),
+        int(removed or 0),
     )
 
 
@@ -149,6 +166,8 @@ class _Keys:
     def __init__(self, prefix: str) -> None:
         self.base = prefix.encode() + b":"
         self.format = self.base + b"format"
+        # The store's apps (a set; its own slot on a cluster).
+        self.apps = self.base + b"apps"
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, ids recur
     def user_tag(self, app_name: str, user_id: str) -> bytes:
@@ -161,16 +180,16 @@ class _Keys:
         return self.base + b"{a" + digest.encode() + b"}"
 
     def session(self, app_name: str, user_id: str, session_id: str) -> list[bytes]:
-        """Return record, events, ids, times and state keys of a session."""
+        """Return record, events, ids, times, state, positions and names keys of a session."""
         tag = self.user_tag(app_name, user_id)
         sid = session_id.encode()
         return [tag + b"r:" + sid, tag + b"e:" + sid, tag + b"i:" + sid, tag + b"t:" + sid,
-                tag + b"s:" + sid]  # fmt: skip
+                tag + b"s:" + sid, tag + b"o:" + sid, tag + b"n:" + sid]  # fmt: skip
 
     def user(self, app_name: str, user_id: str) -> list[bytes]:
-        """Return the user state, session index and pending keys of a user."""
+        """Return the user state, session index, pending and number counter keys of a user."""
         tag = self.user_tag(app_name, user_id)
-        return [tag + b"u", tag + b"x", tag + b"p"]
+        return [tag + b"u", tag + b"x", tag + b"p", tag + b"c"]
 
     def guard(self, app_name: str, user_id: str, token: str) -> bytes:
         return self.user_tag(app_name, user_id) + b"g:" + token.encode()
@@ -291,7 +310,7 @@ class _Operations:
             between_steps()
         app_state, applied, _ = self.keys.app(app_name)
         yield [("FCALL", _FN + "apply", 2, app_state, applied, self.settings.ttl, *flat)]
-        _, _, pend = self.keys.user(app_name, user_id)
+        pend = self.keys.user(app_name, user_id)[2]
         yield [("FCALL", _FN + "clear", 1, pend, *tokens)]
 
     # -- operations ------------------------------------------------------
@@ -307,13 +326,14 @@ class _Operations:
         session_items: Items,
     ) -> Plan[LoadedSession]:
         keys = self.keys
-        rec, _, _, _, state = keys.session(app_name, user_id, session_id)
-        ustate, index, pend = keys.user(app_name, user_id)
+        rec, _, _, _, state, _, _ = keys.session(app_name, user_id, session_id)
+        ustate, index, pend, counter = keys.user(app_name, user_id)
         app_state, _, directory = keys.app(app_name)
-        number = secrets.randbits(52) or 1
-        fkeys = [rec, state, ustate, index, pend, *self._app_keys(app_name)]
+        # Names this create, so that a retry after a lost reply is known as one.
+        token = secrets.token_hex(8)
+        fkeys = [rec, state, ustate, index, pend, counter, *self._app_keys(app_name)]
         args: list[Any] = [
-            app_name, user_id, session_id, number, _number_text(create_time),
+            app_name, user_id, session_id, token, _number_text(create_time),
             self.settings.ttl, len(session_items), len(user_items), _pack_items(app_items),
         ]  # fmt: skip
         for key, value in (*session_items, *user_items):
@@ -324,11 +344,13 @@ class _Operations:
         # the prune function).
         touch = ("ZINCRBY", directory, 1, user_id)
         create = ("FCALL", _FN + "create", len(fkeys), *fkeys, *args)
+        known = ("SADD", keys.apps, app_name)
         if self.cluster:
-            replies = yield [touch, create]
+            replies = yield [touch, create, known]
             replies += yield [touch, *self._app_upkeep(app_name)]
         else:
-            replies = yield [touch, create, touch, *self._app_upkeep(app_name), *self._waits()]
+            replies = yield [touch, create, touch, known, *self._app_upkeep(app_name),
+                             *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
         reply = replies[1]
@@ -354,9 +376,11 @@ class _Operations:
         num_recent_events: int | None,
         after_timestamp: float | None,
     ) -> Plan[LoadedSession | None]:
-        rec, events, _, times, state = self.keys.session(app_name, user_id, session_id)
-        ustate, _, pend = self.keys.user(app_name, user_id)
-        fkeys = [rec, events, times, state, ustate, pend, *self._app_keys(app_name)]
+        rec, events, _, times, state, positions, _ = self.keys.session(
+            app_name, user_id, session_id
+        )
+        ustate, _, pend, _ = self.keys.user(app_name, user_id)
+        fkeys = [rec, events, times, state, positions, ustate, pend, *self._app_keys(app_name)]
         args = [
             "" if num_recent_events is None else num_recent_events,
             "" if after_timestamp is None else _number_text(after_timestamp),
@@ -408,16 +432,21 @@ class _Operations:
         for user, sids in zip(users, indexes, strict=True):
             for sid in sids:
                 rec = keys.session(app_name, user, sid.decode())[0]
-                reads.append(("HMGET", rec, "app", "user", "sid", "n", "c", "u", "k", "l"))
+                reads.append(("HMGET", rec, *_RECORD_FIELDS))
         records: list[SessionRecord] = []
         if reads:
             # A session deleted between the two reads is left out.
             records = [_record(fields) for fields in (yield reads) if fields[3] is not None]
-        if scores:
-            prunes = [
+        empty = [
+            (u, score) for u, sids, score in zip(users, indexes, scores, strict=False) if not sids
+        ]
+        if empty:
+            # A user with no session but with state stays in the directory.
+            lives = yield from self._user_lives(app_name, [user for user, _ in empty])
+            prunes: list[Command] = [
                 ("FCALL", _FN + "prune", 1, directory, user, score)
-                for user, sids, score in zip(users, indexes, scores, strict=True)
-                if not sids
+                for (user, score), alive in zip(empty, lives, strict=True)
+                if not alive
             ]
             if prunes:
                 yield prunes
@@ -426,7 +455,7 @@ class _Operations:
     def delete(self, app_name: str, user_id: str, session_id: str) -> Plan[None]:
         session_keys = self.keys.session(app_name, user_id, session_id)
         index = self.keys.user(app_name, user_id)[1]
-        call = ("FCALL", _FN + "delete", 6, *session_keys, index, session_id)
+        call = ("FCALL", _FN + "delete", 8, *session_keys, index, session_id)
         replies = yield [call, *self._waits()]
         if self.settings.wait:
             self._check_wait(replies[-1])
@@ -437,7 +466,7 @@ class _Operations:
         app, user = first.app_name, first.user_id
         fkeys = [
             *self.keys.session(app, user, first.session_id),
-            *self.keys.user(app, user),
+            *self.keys.user(app, user)[:3],
             guard,
             *self._app_keys(app),
         ]
@@ -460,11 +489,13 @@ class _Operations:
                 "the server refused an append the client would accept",
                 hint="the function library and the client disagree: report this as a bug",
             )
-        number, count, stamp = int(reply[1]), int(reply[2]), float(reply[3])
-        result = AppendResult(f"{number}:{count}", stamp)
+        marker, count, stamp = reply[1].decode(), int(reply[2]), float(reply[3])
+        number = int(marker.partition(":")[0])
+        result = AppendResult(marker, stamp)
         if request.catch_up:
             result.replace_events = bool(reply[4])
             result.missed_events = list(reply[5])
+            result.first_missed = 0 if result.replace_events else int(reply[10])
             result.stored_state = LoadedSession(
                 SessionRecord(
                     request.app_name,
@@ -475,6 +506,7 @@ class _Operations:
                     stamp,
                     count,
                     request.event_id,
+                    int(marker.split(":")[2]) if marker.count(":") == 2 else 0,
                 ),
                 decode_values(_pairs(reply[6])),
                 decode_values(_pairs(reply[8] or [])),
@@ -561,6 +593,196 @@ class _Operations:
         ):
             end += 1
         return end - start
+
+    # -- retention and copies ----------------------------------------------
+
+    def truncate(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Plan[int]:
+        """Remove old events in calls of at most BATCH_EVENTS, oldest first."""
+        rec, events, ids, times, _, positions, names = self.keys.session(
+            app_name, user_id, session_id
+        )
+        mode = ("before", _number_text(before)) if before is not None else ("keep", keep_last)
+        call = ("FCALL", _FN + "truncate", 6, rec, events, ids, times, positions, names,
+                *mode, BATCH_EVENTS)  # fmt: skip
+        removed = 0
+        while True:
+            (reply,) = yield [call]
+            gone = int(reply)
+            if gone < 0:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            removed += gone
+            if gone < BATCH_EVENTS:
+                return removed
+
+    def _users(self, app_name: str) -> Plan[list[str]]:
+        """Return the users in an app's directory."""
+        (members,) = yield [("ZRANGE", self.keys.app(app_name)[2], 0, -1)]
+        return [member.decode() for member in members]
+
+    def _apps(self) -> Plan[list[str]]:
+        (members,) = yield [("SMEMBERS", self.keys.apps)]
+        return sorted(member.decode() for member in members)
+
+    def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:
+        """Delete a user's sessions (only those idle since ``idle_before``, when given)."""
+        index = self.keys.user(app_name, user_id)[1]
+        if idle_before is None:
+            (sids,) = yield [("ZRANGE", index, 0, -1)]
+        else:
+            stop = "(" + _number_text(idle_before)
+            (sids,) = yield [("ZRANGE", index, "-inf", stop, "BYSCORE")]
+        removed = 0
+        extra = [] if idle_before is None else [_number_text(idle_before)]
+        for start in range(0, len(sids), BATCH_SESSIONS):
+            calls: list[Command] = [
+                ("FCALL", _FN + "delete", 8,
+                 *self.keys.session(app_name, user_id, sid.decode()), index, sid, *extra)
+                for sid in sids[start : start + BATCH_SESSIONS]
+            ]  # fmt: skip
+            removed += sum((yield calls))
+        return removed
+
+    def expire(self, app_name: str | None, idle_before: float) -> Plan[int]:
+        apps = [app_name] if app_name is not None else (yield from self._apps())
+        removed = 0
+        for app in apps:
+            for user in (yield from self._users(app)):
+                removed += yield from self._delete_sessions(app, user, idle_before)
+        return removed
+
+    def delete_user(self, app_name: str, user_id: str) -> Plan[int]:
+        # App deltas this user's appends left pending still belong to the app.
+        if self.cluster:
+            (pending,) = yield [("HGETALL", self.keys.user(app_name, user_id)[2])]
+            yield from self._finish_pending(app_name, user_id, pending)
+        removed = yield from self._delete_sessions(app_name, user_id, None)
+        ustate, index, pend, counter = self.keys.user(app_name, user_id)
+        yield [
+            ("DEL", ustate, index, pend, counter),
+            ("ZREM", self.keys.app(app_name)[2], user_id),
+        ]
+        return removed
+
+    def delete_app(self, app_name: str) -> Plan[int]:
+        removed = 0
+        for user in (yield from self._users(app_name)):
+            removed += yield from self.delete_user(app_name, user)
+        app_state, applied, directory = self.keys.app(app_name)
+        yield [("DEL", app_state, applied, directory), ("SREM", self.keys.apps, app_name)]
+        return removed
+
+    def _user_lives(self, app_name: str, users: list[str]) -> Plan[list[bool]]:
+        """Tell, per user, whether it has a session or user state."""
+        commands: list[Command] = []
+        for user in users:
+            ustate, index, _, _ = self.keys.user(app_name, user)
+            commands += [("EXISTS", index), ("EXISTS", ustate)]
+        if not commands:
+            return []
+        replies = yield commands
+        return [bool(a or b) for a, b in zip(replies[0::2], replies[1::2], strict=True)]
+
+    def list_apps(self) -> Plan[list[str]]:
+        apps = yield from self._apps()
+        known = []
+        for app in apps:
+            (app_state,) = yield [("EXISTS", self.keys.app(app)[0])]
+            users = yield from self._users(app)
+            if app_state or any((yield from self._user_lives(app, users))):
+                known.append(app)
+        return known
+
+    def list_users(self, app_name: str) -> Plan[list[str]]:
+        users = yield from self._users(app_name)
+        lives = yield from self._user_lives(app_name, users)
+        return sorted(user for user, alive in zip(users, lives, strict=True) if alive)
+
+    def restore(self, copy: SessionCopy) -> Plan[bool]:
+        check_copy(copy)
+        app, user, sid = copy.app_name, copy.user_id, copy.session_id
+        stored = yield from self._copy_of(app, user, sid)
+        if stored is None:
+            rec, events, ids, times, state, _, names = self.keys.session(app, user, sid)
+            _, index, _, counter = self.keys.user(app, user)
+            last = copy.events[-1].event_id if copy.events else ""
+            args: list[Any] = [
+                app, user, sid, _number_text(copy.create_time),
+                _number_text(copy.last_update_time), last, self.settings.ttl,
+                len(copy.session_items), len(copy.events),
+            ]  # fmt: skip
+            for key, value in copy.session_items:
+                args.extend((key, value))
+            for event in copy.events:
+                args.extend((event.event_id, _number_text(event.timestamp), event.record))
+            touch = ("ZINCRBY", self.keys.app(app)[2], 1, user)
+            call = ("FCALL", _FN + "restore", 8, rec, events, ids, times, state, names, index,
+                    counter, *args)  # fmt: skip
+            # Touched before and after, as a create does (see _Operations.create).
+            replies = yield from self._in_order(
+                [touch, call], [touch, ("SADD", self.keys.apps, app)]
+            )
+            if replies[1]:
+                return True
+            stored = yield from self._copy_of(app, user, sid)
+        if stored is not None and copies_equal(stored, copy):
+            return False
+        raise AlreadyExistsError(f"session {sid!r} already exists with other content")
+
+    def _copy_of(self, app_name: str, user_id: str, session_id: str) -> Plan[SessionCopy | None]:
+        """Return the stored session as a copy (times exact, events with their times)."""
+        loaded = yield from self.load(app_name, user_id, session_id, None, None)
+        if loaded is None:
+            return None
+        times = self.keys.session(app_name, user_id, session_id)[3]
+        (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
+        stamps = {int(seq): float(score) for seq, score in zip(flat[0::2], flat[1::2], strict=True)}
+        ordered = [stamps[seq] for seq in sorted(stamps)]
+        record = loaded.record
+        state = self.keys.session(app_name, user_id, session_id)[4]
+        (items,) = yield [("HGETALL", state)]
+        return SessionCopy(
+            app_name,
+            user_id,
+            session_id,
+            record.create_time,
+            record.last_update_time,
+            [(key, value) for key, value in _pairs(items)],
+            [event_copy(e, t) for e, t in zip(loaded.events, ordered, strict=True)],
+        )
+
+    def write_app_state(self, app_name: str, items: Items) -> Plan[None]:
+        flat = [x for item in items for x in item]
+        commands: list[Command] = [("SADD", self.keys.apps, app_name)]
+        if flat:
+            commands.append(("HSET", self.keys.app(app_name)[0], *flat))
+        yield commands
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Plan[None]:
+        flat = [x for item in items for x in item]
+        touch = ("ZINCRBY", self.keys.app(app_name)[2], 1, user_id)
+        first: list[Command] = [touch]
+        if flat:
+            first.append(("HSET", self.keys.user(app_name, user_id)[0], *flat))
+        yield from self._in_order(first, [touch, ("SADD", self.keys.apps, app_name)])
+
+    def _in_order(self, first: list[Command], then: list[Command]) -> Plan[list[Any]]:
+        """Send ``then`` after ``first`` has run: one pipeline on a server, two on a cluster.
+
+        A cluster pipeline runs each node's commands apart, in no order between nodes.
+        """
+        if not self.cluster:
+            return (yield [*first, *then])
+        replies = yield first
+        return replies + (yield then)
 
     def read_app(self, app_name: str) -> Plan[dict[str, Any]]:
         (reply,) = yield [("HGETALL", self.keys.app(app_name)[0])]
@@ -861,6 +1083,52 @@ class _AsyncRedisStore:
         """Make one FCALL of a function that does nothing (a benchmark's baseline)."""
         await self._run(self._store._ops.noop)
 
+    async def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> int:
+        """Remove old events of a session; see ``Store.truncate_events``."""
+        ops = self._store._ops
+        return await self._write(
+            lambda: ops.truncate(app_name, user_id, session_id, before, keep_last)
+        )
+
+    async def expire_sessions(self, app_name: str | None, idle_before: float) -> int:
+        """Delete idle sessions; see ``Store.expire_sessions``."""
+        return await self._write(lambda: self._store._ops.expire(app_name, idle_before))
+
+    async def delete_user(self, app_name: str, user_id: str) -> int:
+        """Delete a user's sessions and state; see ``Store.delete_user``."""
+        return await self._write(lambda: self._store._ops.delete_user(app_name, user_id))
+
+    async def delete_app(self, app_name: str) -> int:
+        """Delete everything of an app; see ``Store.delete_app``."""
+        return await self._write(lambda: self._store._ops.delete_app(app_name))
+
+    async def list_apps(self) -> list[str]:
+        """Return the apps of the store; see ``Store.list_apps``."""
+        return await self._run(self._store._ops.list_apps)
+
+    async def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app; see ``Store.list_users``."""
+        return await self._run(lambda: self._store._ops.list_users(app_name))
+
+    async def restore_session(self, copy: SessionCopy) -> bool:
+        """Write a whole session as given; see ``Store.restore_session``."""
+        return await self._write(lambda: self._store._ops.restore(copy))
+
+    async def write_app_state(self, app_name: str, items: Items) -> None:
+        """Set keys of the app map; see ``Store.write_app_state``."""
+        await self._write(lambda: self._store._ops.write_app_state(app_name, items))
+
+    async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
+        """Set keys of a user map; see ``Store.write_user_state``."""
+        await self._write(lambda: self._store._ops.write_user_state(app_name, user_id, items))
+
     async def flush(self) -> None:
         """Return: every acknowledged write is as durable as the server's settings make it."""
         self._store._check_open()
@@ -899,7 +1167,9 @@ class RedisStore:
         wait: int = 0,
         timeout: float = 5.0,
         ssl: bool = False,
+        session_ttl: float | None = None,
     ) -> None:
+        session_ttl = check_ttl(session_ttl)
         if (url is None) == (cluster is None):
             raise ValueError("give either url (one server) or cluster (startup nodes)")
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
@@ -928,6 +1198,12 @@ class RedisStore:
         except BaseException:
             self._client.close()
             raise
+        # session_ttl expires by last update time (the event timestamps), like
+        # the other stores; ttl= is Redis's own expiry, by idle wall-clock time.
+        self.session_ttl = session_ttl
+        self._expirer = Expirer(self, session_ttl) if session_ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
 
     def __repr__(self) -> str:
         return f"RedisStore({self.uri!r})"
@@ -1051,6 +1327,51 @@ class RedisStore:
         """Make one FCALL of a function that does nothing (a benchmark's baseline)."""
         self._run(self._ops.noop())
 
+    # -- retention and copies --------------------------------------------
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``."""
+        return self._write(self._ops.truncate(app_name, user_id, session_id, before, keep_last))
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``."""
+        return self._write(self._ops.expire(app_name, idle_before))
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user and the user's state map."""
+        return self._write(self._ops.delete_user(app_name, user_id))
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session, user map and the app map of an app."""
+        return self._write(self._ops.delete_app(app_name))
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted."""
+        return self._run(self._ops.list_apps())
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted."""
+        return self._run(self._ops.list_users(app_name))
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given; False when an equal one is stored."""
+        return self._write(self._ops.restore(copy))
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        return self._write(self._ops.write_app_state(app_name, items))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        return self._write(self._ops.write_user_state(app_name, user_id, items))
+
     def destroy(self) -> int:
         """Delete every key under this store's prefix (on every node); return how many.
 
@@ -1089,6 +1410,8 @@ class RedisStore:
         """Release the connections; later calls raise StoreClosedError."""
         if self._closed:
             return
+        if self._expirer is not None:
+            self._expirer.stop()
         self._closed = True
         self.aio._forget()
         self._client.close()
