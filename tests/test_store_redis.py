@@ -524,3 +524,51 @@ def test_delete_user_and_app_leave_no_key_behind(server: Any, uri: str) -> None:
         left = keys_of(server, prefix) - before
         assert left == {(prefix + ":apps").encode()} or left == set()
         assert svc.store.list_apps() == []
+
+
+@pytest.mark.slow
+def test_rediss_speaks_tls_to_a_tls_only_server(tmp_path: Path) -> None:
+    """rediss:// with a CA file reaches a server that only speaks TLS; plain redis:// cannot."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate")
+    directory = tmp_path / "tls"
+    directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem"),
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    server = RedisServer(directory / "data")
+    port = server.port
+    server.options = (
+        "--port", "0", "--tls-port", str(port),
+        "--tls-cert-file", str(directory / "cert.pem"),
+        "--tls-key-file", str(directory / "key.pem"),
+        "--tls-ca-cert-file", str(directory / "cert.pem"),
+        "--tls-auth-clients", "no",
+    )  # fmt: skip
+    # The server answers only over TLS: redis-cli's plain PING cannot see it start.
+    server.cli = lambda *args, check=True: subprocess.run(  # type: ignore[method-assign]
+        ["redis-cli", "--tls", "--cacert", str(directory / "cert.pem"), "-p", str(port), *args],
+        capture_output=True, timeout=30, check=False,
+    ).stdout.decode().strip()  # fmt: skip
+    server.start()
+    try:
+        uri = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={directory / 'cert.pem'}&prefix=tls"
+        with SyncSessionService(uri) as svc:
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+            svc.append_event(s, ev(delta={"k": 1}))
+            assert svc.store.uri.startswith("rediss://")
+            with SyncSessionService(svc.store.uri) as again:
+                got = again.get_session(app_name=APP, user_id=USER, session_id="s")
+                assert got is not None and got.state == {"k": 1}
+        with pytest.raises(StoreError):
+            open_store(f"redis://127.0.0.1:{port}/0?prefix=tls&timeout=1")
+        with pytest.raises(ValueError, match="needs a rediss://"):
+            open_store(f"redis://127.0.0.1:{port}/0?ssl_ca_certs=x")
+    finally:
+        server.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from .base import Completion, Store
 from .lmdb import LmdbStore
@@ -81,10 +81,17 @@ def _open_redis(uri: str, scheme: str, options: dict[str, Any]) -> Store:
             f"{scheme}:// needs the redis extra: pip install 'sessionscope[redis]' ({error})"
         ) from None
     parts = urlsplit(uri)
-    parsed = _options(scheme, parts.query, _REDIS_OPTIONS)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    # TLS settings (ssl_ca_certs=..., ssl_cert_reqs=...) are redis-py's own:
+    # they stay in the URL it reads.
+    tls = [(name, text) for name, text in pairs if name.startswith("ssl_")]
+    if tls and scheme != "rediss":
+        raise ValueError(f"{tls[0][0]}= needs a rediss:// URI (TLS to one server)")
+    ours = urlencode([(name, text) for name, text in pairs if not name.startswith("ssl_")])
+    parsed = _options(scheme, ours, _REDIS_OPTIONS)
     parsed.update(options)
     if scheme != "redis+cluster":
-        return RedisStore(parts._replace(query="").geturl(), **parsed)
+        return RedisStore(parts._replace(query=urlencode(tls)).geturl(), **parsed)
     nodes: list[tuple[str, int]] = []
     for node in parts.netloc.rpartition("@")[2].split(","):
         host, _, port = node.rpartition(":")

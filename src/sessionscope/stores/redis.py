@@ -1221,8 +1221,8 @@ class RedisStore:
         if self._settings.wait:
             options += f"&wait={self._settings.wait}"
         if self.url is not None:
-            base = self.url.split("?", 1)[0]
-            return f"{base}?{options}"
+            # The URL keeps redis-py's own settings (TLS) in its query.
+            return f"{self.url}{'&' if '?' in self.url else '?'}{options}"
         return f"redis+cluster://{self.where}?{options}"
 
     def _new_client(self, asynchronous: bool) -> Any:
