@@ -83,6 +83,12 @@ from .base import (
     event_copy,
 )
 
+hiredis: Any
+try:
+    import hiredis
+except ImportError:  # the redis extra installs it; without it redis-py packs in Python
+    hiredis = None
+
 __all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
 
 T = TypeVar("T")
@@ -988,6 +994,26 @@ async def _close_with_loop(client: Any) -> Any:
         await client.aclose()
 
 
+class _HiredisPacking:
+    """Pack commands with hiredis in C, as redis-py's sync connections do.
+
+    redis-py's asyncio connections pack in Python, one call per argument:
+    for an append of thirty arguments that costs more than the server's work.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
+def _packing_in_c(connection_class: type) -> type:
+    """Return ``connection_class`` packing with hiredis (itself without hiredis)."""
+    if hiredis is None:
+        return connection_class
+    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+
+
 class _AsyncRedisStore:
     """The async face of a RedisStore: one asyncio client per running event loop."""
 
@@ -1234,9 +1260,14 @@ class RedisStore:
             "protocol": 2,
         }
         if self.url is not None:
-            factory = redis.asyncio.Redis if asynchronous else redis.Redis
-            return factory.from_url(self.url, **common)
+            if not asynchronous:
+                return redis.Redis.from_url(self.url, **common)
+            client = redis.asyncio.Redis.from_url(self.url, **common)
+            pool = client.connection_pool
+            pool.connection_class = _packing_in_c(pool.connection_class)
+            return client
         if asynchronous:
+            # (The async cluster client takes no connection class: it packs in Python.)
             nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.nodes or []]
             return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, ssl=self.ssl, **common)
         sync_nodes = [
