@@ -472,7 +472,7 @@ class _Operations:
         app, user = first.app_name, first.user_id
         fkeys = [
             *self.keys.session(app, user, first.session_id),
-            *self.keys.user(app, user)[:3],
+            *self.keys.user(app, user),
             guard,
             *self._app_keys(app),
         ]

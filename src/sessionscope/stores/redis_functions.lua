@@ -165,7 +165,7 @@ local function events_seen(flags, marker, last_id, number, ids_key)
 end
 
 -- KEYS: record, events, ids, times, state, positions, names, user state, index,
---       pending, guard[, app state]
+--       pending, counter, guard[, app state]
 -- ARGV: sid, ttl, request count, guarded (1 in a batch), then per request:
 --   event id, timestamp, event, flags, marker, caller time, caller last id,
 --   session item count, user item count, app items blob, then the item pairs.
@@ -174,7 +174,8 @@ end
 local function append(keys, args)
     local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
     local pos_key, names_key = keys[6], keys[7]
-    local ust_key, idx_key, pend_key, guard_key, app_key = keys[8], keys[9], keys[10], keys[11], keys[12]
+    local ust_key, idx_key, pend_key, counter_key = keys[8], keys[9], keys[10], keys[11]
+    local guard_key, app_key = keys[12], keys[13]
     local sid, ttl, total, guarded = args[1], tonumber(args[2]), tonumber(args[3]), args[4] == '1'
     local results = {}
     if guarded and redis.call('EXISTS', guard_key) == 1 then
@@ -339,7 +340,7 @@ local function append(keys, args)
         redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
         redis.call('ZADD', idx_key, updated, sid)
         expire_all(ttl, {rec_key, ev_key, ids_key, tm_key, st_key, pos_key, names_key, ust_key,
-            idx_key, pend_key})
+            idx_key, pend_key, counter_key})
     end
     local pending = {}
     if not app_key then
@@ -390,7 +391,7 @@ local function create(keys, args)
             end
         end
         redis.call('ZADD', idx_key, args[5], args[3])
-        expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key})
+        expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key, counter_key})
         rec = read_record(rec_key)
     end
     local pending = {}
@@ -547,7 +548,8 @@ local function restore(keys, args)
         pos = pos + 3
     end
     redis.call('ZADD', idx_key, args[5], args[3])
-    expire_all(tonumber(args[7]), {rec_key, ev_key, ids_key, tm_key, st_key, names_key, idx_key})
+    expire_all(tonumber(args[7]), {rec_key, ev_key, ids_key, tm_key, st_key, names_key, idx_key,
+        counter_key})
     return true
 end
 
