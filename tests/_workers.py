@@ -242,7 +242,142 @@ def no_pickle(path: str) -> None:
     _say(json.dumps(sorted(m for m in sys.modules if "pickle" in m)))
 
 
+def _error_line(error: BaseException) -> str:
+    return json.dumps(
+        {"error": type(error).__name__, "message": str(error), "hint": getattr(error, "hint", None)}
+    )
+
+
+def read_then(path: str, sid: str, how: str) -> None:
+    """Open the store, read a session, and end as ``how`` says while still reading.
+
+    Inside a read transaction (which takes a reader slot), say "read", then:
+    "exit": leave normally; "os_exit": os._exit; "hold": stay alive (a live
+    reader) until a line comes on stdin, or until the parent kills this process.
+    """
+    import os
+
+    try:
+        store = LmdbStore(path)
+        svc = SyncSessionService(store)
+        found = svc.get_session(app_name="app", user_id="user", session_id=sid)
+        assert found is not None
+    except Exception as error:
+        _say(_error_line(error))
+        return
+
+    def inside(txn: Any) -> None:
+        _say("read")
+        if how == "os_exit":
+            os._exit(0)
+        if how == "hold":
+            sys.stdin.readline()
+            os._exit(0)
+        raise SystemExit(0)
+
+    store._read(inside)
+
+
+def open_many(path: str, seconds: str) -> None:
+    """Open, read and close the store again and again; report every failure."""
+    from sessionscope.errors import StoreError
+
+    deadline = time.monotonic() + float(seconds)
+    opened = 0
+    failures: list[str] = []
+    for _ in range(10_000):
+        if time.monotonic() > deadline:
+            break
+        try:
+            with SyncSessionService(LmdbStore(path)) as svc:
+                svc.list_sessions(app_name="app", user_id="user")
+            opened += 1
+        except (StoreError, Exception) as error:
+            failures.append(f"{type(error).__module__}.{type(error).__name__}: {error}")
+    _say(json.dumps({"opened": opened, "failures": failures[:5], "failed": len(failures)}))
+
+
+def grow_until_told(path: str, limit_mb: str) -> None:
+    """Append 256 KiB events (the store grows past every map others opened) until stdin
+    says stop or the store holds ``limit_mb`` MiB."""
+    import select
+
+    store = LmdbStore(path, map_size=1 << 20, durability="deferred")
+    blob = "x" * (256 << 10)
+    with SyncSessionService(store) as svc:
+        session = svc.create_session(app_name="app", user_id="grower")
+        deadline = time.monotonic() + MAX_SECONDS
+        said = False
+        for n in range(int(limit_mb) * 4):
+            if time.monotonic() > deadline or select.select([sys.stdin], [], [], 0)[0]:
+                break
+            svc.append_event(session, Event(author="g", content={"blob": blob}))
+            if n == 300 and not said:
+                # Past the 64 MiB map an opener asks for: from now on every
+                # commit grows the store past the map an opener just made.
+                _say("growing")
+                said = True
+        _say(json.dumps({"map_size": store.stat()["map_size"]}))
+
+
+def hold_write_lock(path: str, release: str, seconds: str) -> None:
+    """Hold the store's write lock until a file appears (or time runs out); say which."""
+    import lmdb
+
+    env = lmdb.open(path, max_dbs=8)
+    txn = env.begin(write=True)
+    _say("held")
+    deadline = time.monotonic() + float(seconds)
+    how = "timeout"
+    while time.monotonic() < deadline:
+        if Path(release).exists():
+            how = "file"
+            break
+        time.sleep(0.002)
+    txn.abort()
+    _say(how)
+    env.close()
+
+
+def refused_growth(path: str) -> None:
+    """Fill a store near its map, then forbid the address space to grow it; report."""
+    import resource
+
+    from sessionscope.errors import StoreError
+
+    store = LmdbStore(path, map_size=32 << 20, durability="deferred")
+    svc = SyncSessionService(store)
+    session = svc.create_session(app_name="app", user_id="user", session_id="s")
+    blob = "x" * (3 << 20)
+    for _ in range(8):
+        svc.append_event(session, Event(author="a", content={"blob": blob}))
+    with open("/proc/self/status") as status:
+        vm = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (24 << 20), hard))
+    report: dict[str, Any] = {}
+    try:
+        for _ in range(8):
+            svc.append_event(session, Event(author="a", content={"blob": blob}))
+    except StoreError as error:
+        report["error"] = {"type": type(error).__name__, "hint": error.hint}
+    # The store reads on at its size (records only: the events would not fit the limit).
+    (record,) = store.list_sessions("app", "user")
+    report["events_after_refusal"] = record.event_count
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    svc.append_event(session, Event(author="a", content={"blob": blob}))
+    stored = svc.get_session(app_name="app", user_id="user", session_id="s")
+    report["events_after_limit_lifted"] = len(stored.events) if stored else None
+    svc.close()
+    _say(json.dumps(report))
+
+
 COMMANDS = {
+    "read_then": read_then,
+    "open_many": open_many,
+    "grow_until_told": grow_until_told,
+    "hold_write_lock": hold_write_lock,
+    "refused_growth": refused_growth,
     "dump": dump,
     "kill_append": kill_append,
     "concurrent": concurrent,

@@ -11,7 +11,7 @@ import pytest
 
 import _stores
 from _stores import STORE_KINDS, StoreFactory, ev
-from sessionscope import SyncSessionService, codec
+from sessionscope import LmdbStore, SyncSessionService, codec
 from sessionscope.dump import DUMP_FORMAT, MAGIC, DumpCounts, export_dump, import_dump, read_copy
 from sessionscope.errors import DumpError, SessionscopeError
 
@@ -106,6 +106,8 @@ def test_round_trip_is_exact(
         assert import_dump(target, out) == EXPECTED_COUNTS
         expected = snapshot(source)
         assert snapshot(target) == expected
+        if isinstance(target, LmdbStore):
+            assert target.check_layout() == []
         assert expected["shop"][1]["ada"][1]["empty"][3] == []
         assert [e[1] for e in expected["shop"][1]["ada"][1]["busy"][3]] == [
             30.5,

@@ -293,3 +293,19 @@ def test_writers_that_run_out_of_map_together_grow_it_once(tmp_path: Path) -> No
             assert again is not None and again.state["big"] == payload
     finally:
         store.close()
+
+
+def test_an_unreadable_session_record_is_called_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    sid = _filled_store(path, events=1)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        sessions = env.open_db(b"sessions", txn=txn, create=False)
+        (key,) = [key for key, _ in txn.cursor(db=sessions)]
+        txn.put(key, b"\xc1\xc1 not a record", db=sessions)
+    env.close()
+    with SyncSessionService(LmdbStore(path)) as svc:
+        with pytest.raises(CorruptStoreError, match="unreadable"):
+            svc.get_session(app_name=APP, user_id=USER, session_id=sid)
+        # Other calls go on.
+        assert svc.get_app_state(app_name=APP) == {}

@@ -527,6 +527,18 @@ def test_session_ttl_from_a_uri(tmp_path: Any) -> None:
         memory.close()
 
 
+def test_session_ttl_through_the_adk_service_uri(tmp_path: Any) -> None:
+    from sessionscope.adk import LmdbSessionService
+
+    service = LmdbSessionService(uri=f"lmdb://{tmp_path / 'store'}?session_ttl=3600")
+    try:
+        assert service.store.session_ttl == 3600.0  # type: ignore[attr-defined]
+        assert len(_expirer_threads()) == 1
+    finally:
+        _stores.run(service.close())
+    assert _expirer_threads() == []
+
+
 @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), "10", True])
 def test_session_ttl_must_be_positive_seconds(tmp_path: Any, ttl: Any) -> None:
     with pytest.raises(ValueError, match="session_ttl"):
@@ -620,3 +632,24 @@ def test_closing_while_the_expirer_runs(lmdb_factory: StoreFactory) -> None:
     for meta in SyncSessionService(again).list_sessions(app_name=APP).sessions:
         session = again.load_session(APP, meta.user_id, meta.id, None, None)
         assert session is not None and len(session.events) == 1
+
+
+def test_lmdb_layout_is_consistent_after_every_removal(lmdb_factory: StoreFactory) -> None:
+    store = lmdb_factory()
+    svc = SyncSessionService(store)
+    for user in ("ada", "bob", "carol"):
+        for index in range(3):
+            _filled(svc, f"s{index}", OUT_OF_ORDER, user=user)
+    assert store.check_layout() == []
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s0", before=30.0)
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s1", keep_last=2)
+    svc.truncate_events(app_name=APP, user_id="ada", session_id="s2", keep_last=0)
+    assert store.check_layout() == []
+    live = _get(svc, "s0", user="ada")
+    assert live is not None
+    svc.append_event(live, ev(ts=1.0, delta={"again": 1}))
+    assert store.check_layout() == []
+    svc.delete_user(app_name=APP, user_id="bob")
+    svc.expire_sessions(idle_for=0)
+    assert store.check_layout() == []
+    assert _entries(store)["sessions"] == 0

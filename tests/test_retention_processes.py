@@ -230,3 +230,32 @@ if __name__ == "__main__":
     commands = {"append": child_append, "touch": child_touch}
     command, *arguments = sys.argv[1:]
     commands[command](*arguments)
+
+
+def test_delete_app_while_another_process_appends(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    sids = [f"s{i:04d}" for i in range(300)]
+    with SyncSessionService(LmdbStore(path, durability="deferred")) as svc:
+        for sid in sids:
+            session = svc.create_session(
+                app_name=APP, user_id=USER, session_id=sid, state={"app:a": 1, "user:u": 2}
+            )
+            svc.append_event(session, Event(author="setup", content={"sid": sid}))
+    with _opened(path) as store:
+        svc = SyncSessionService(store)
+        with child("touch", str(path), ",".join(sids)) as c:
+            assert c.line() == "ready"
+            removed = svc.delete_app(app_name=APP)
+            lines = c.lines_until_done()
+            assert c.proc.wait(timeout=30) == 0
+        # Every session went, also those the child appended to before the
+        # deletion reached them; none it reached later took its append.
+        assert all(line.split(" ")[0] in ("kept", "gone") for line in lines)
+        assert removed == len(sids)
+        assert svc.list_sessions(app_name=APP).sessions == []
+        assert svc.get_app_state(app_name=APP) == {}
+        assert svc.get_user_state(app_name=APP, user_id=USER) == {}
+        entries = store.stat()["entries"]
+        assert (entries["sessions"], entries["shared"], entries["data"]) == (0, 0, 0)
+        assert entries["meta"] == 2
+        assert store.check_layout() == []

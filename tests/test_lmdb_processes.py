@@ -1,0 +1,343 @@
+"""The LMDB store under real processes: dead readers, growers, forks, a held write lock,
+a refused map growth, a full and a read-only filesystem.
+
+Every child is bounded in time and reaped by its pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _stores import APP, USER, ev
+from sessionscope import LmdbStore, SessionService, SyncSessionService
+from sessionscope.errors import StoreError
+from test_processes import Child, children
+
+pytestmark = pytest.mark.slow
+
+
+def _session_store(path: Path, **kwargs: Any) -> tuple[LmdbStore, str]:
+    store = LmdbStore(path, **kwargs)
+    svc = SyncSessionService(store)
+    session = svc.create_session(app_name=APP, user_id=USER)
+    svc.append_event(session, ev(delta={"a": 1}))
+    return store, session.id
+
+
+def _json_line(child: Child, timeout: float = 60.0) -> Any:
+    line = child.readline(timeout)
+    assert line is not None, child.stderr()
+    return json.loads(line)
+
+
+# Item 2: reader slots of dead processes
+
+
+def test_readers_that_died_without_closing_never_fill_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store, sid = _session_store(path, max_readers=6)
+    try:
+        svc = SyncSessionService(store)
+        # Twice as many processes as there are slots, each ending without close().
+        for n in range(12):
+            how = ("exit", "os_exit", "kill")[n % 3]
+            with children(
+                tmp_path,
+                ("read_then", str(path), sid, "hold" if how == "kill" else how),
+                stdin=True,
+            ) as (child,):
+                assert child.readline() == "read", child.stderr()
+                if how == "kill":
+                    child.proc.send_signal(signal.SIGKILL)
+                child.proc.wait(timeout=30)
+        # Every opener reclaimed the slots of those that died before it; this
+        # process, which lived on all along, reads and writes as before.
+        svc.append_event(
+            svc.get_session(app_name=APP, user_id=USER, session_id=sid), ev(delta={"a": 2})
+        )
+    finally:
+        store.close()
+
+
+def test_only_a_table_full_of_live_readers_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    # Kept open, so that the reader table keeps this store's size.
+    store, sid = _session_store(path, max_readers=4)
+    try:
+        args = [("read_then", str(path), sid, "hold")] * 4
+        with children(tmp_path, *args, stdin=True) as live:
+            for child in live:
+                assert child.readline() == "read", child.stderr()
+            with children(tmp_path, ("read_then", str(path), sid, "exit")) as (late,):
+                answer = _json_line(late)
+            assert answer["error"] == "StoreError"
+            assert "live" in answer["hint"] and "max_readers" in answer["hint"]
+            with pytest.raises(StoreError, match="max_readers"):
+                SyncSessionService(store).get_session(app_name=APP, user_id=USER, session_id=sid)
+            for child in live:
+                child.proc.send_signal(signal.SIGKILL)
+                child.proc.wait(timeout=30)
+            # Their slots are stale now: this process, which lives on, reclaims them.
+            assert (
+                SyncSessionService(store).get_session(app_name=APP, user_id=USER, session_id=sid)
+                is not None
+            )
+            with children(tmp_path, ("read_then", str(path), sid, "exit")) as (late,):
+                assert late.readline() == "read", late.stderr()
+    finally:
+        store.close()
+
+
+# Items 3 and 4: opening while another process grows the map
+
+
+def test_opening_while_another_process_grows_the_map_always_works(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    LmdbStore(path).close()
+    with children(tmp_path, ("grow_until_told", str(path), "700"), stdin=True) as (grower,):
+        assert grower.readline() == "growing", grower.stderr()
+        with children(tmp_path, ("open_many", str(path), "5")) as (opener,):
+            report = _json_line(opener, timeout=90)
+            code = opener.proc.wait(timeout=60)
+        assert grower.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it may have reached its limit
+            grower.proc.stdin.close()  # end of input: stop
+        grown = _json_line(grower, timeout=90)
+    # The opener never died of a signal (SIGABRT from an unregistered read).
+    assert code == 0, opener.stderr()
+    assert report["failed"] == 0, report
+    assert report["opened"] > 0
+    assert grown["map_size"] > 64 << 20
+
+
+# Item 6: a growth the OS refuses
+
+
+def test_a_refused_map_growth_is_a_store_error_and_the_store_lives_on(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with children(tmp_path, ("refused_growth", str(path))) as (child,):
+        report = _json_line(child, timeout=90)
+        child.wait_ok()
+    assert report["error"]["type"] == "StoreError"
+    assert "address space" in report["error"]["hint"]
+    assert report["events_after_refusal"] >= 8
+    assert report["events_after_limit_lifted"] == report["events_after_refusal"] + 1
+
+
+# Item 7: forks
+
+
+def _in_forked_child(action: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """Run action() in a real fork()ed child; return what it reported (or that it hung)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running any cleanup
+        os.close(read_end)
+        try:
+            action()
+            answer: dict[str, Any] = {"raised": None}
+        except BaseException as error:
+            answer = {"raised": type(error).__name__, "hint": getattr(error, "hint", None)}
+        os.write(write_end, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return {"raised": "hung"}
+        with os.fdopen(read_end, "rb") as reader:
+            return json.loads(reader.read() or b"null") or {"raised": "nothing reported"}
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(read_end)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_a_store_that_crossed_a_fork_refuses_in_the_child(tmp_path: Path, durability: str) -> None:
+    store, sid = _session_store(tmp_path / "store", durability=durability)
+    try:
+        svc = SyncSessionService(store)
+        session = svc.get_session(app_name=APP, user_id=USER, session_id=sid)
+        assert session is not None
+
+        def async_append() -> None:
+            async def go() -> None:
+                await SessionService(store).append_event(session, ev(delta={"c": 1}))
+
+            asyncio.run(go())
+
+        actions = {
+            "async append": async_append,
+            "append": lambda: svc.append_event(session, ev(delta={"c": 1})),
+            "flush": lambda: store.flush().result(),
+            "read": lambda: svc.get_session(app_name=APP, user_id=USER, session_id=sid),
+        }
+        for name, action in actions.items():
+            answer = _in_forked_child(action)
+            assert answer["raised"] == "StoreError", (name, answer)
+            assert "after forking" in answer["hint"]
+        # close() in the child touches nothing the parent holds.
+        assert _in_forked_child(store.close)["raised"] is None
+        # The parent is unaffected.
+        svc.append_event(session, ev(delta={"p": 1}))
+        store.flush().result()
+        again = svc.get_session(app_name=APP, user_id=USER, session_id=sid)
+        assert again is not None and again.state == {"a": 1, "p": 1}
+    finally:
+        store.close()
+
+
+def _mp_worker(store: LmdbStore, sid: str, queue: Any) -> None:
+    try:
+        SyncSessionService(store).get_session(app_name=APP, user_id=USER, session_id=sid)
+        queue.put("no error")
+    except StoreError as error:
+        queue.put(f"StoreError: {error.hint}")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_multiprocessing_fork_workers_get_a_store_error(tmp_path: Path) -> None:
+    store, sid = _session_store(tmp_path / "store")
+    try:
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        worker = context.Process(target=_mp_worker, args=(store, sid, queue))
+        worker.start()
+        try:
+            answer = queue.get(timeout=30)
+        finally:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=30)
+        assert answer.startswith("StoreError") and "after forking" in answer
+        assert (
+            SyncSessionService(store).get_session(app_name=APP, user_id=USER, session_id=sid)
+            is not None
+        )
+    finally:
+        store.close()
+
+
+# Item 8: the event loop never waits for LMDB's write lock
+
+
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_the_loop_runs_while_another_process_holds_the_write_lock(
+    tmp_path: Path, durability: str
+) -> None:
+    path = tmp_path / "store"
+    release = tmp_path / "release"
+    store = LmdbStore(path, durability=durability)
+
+    async def scenario(holder: Child) -> tuple[bool, int]:
+        svc = SessionService(store)
+        session = await svc.create_session(app_name=APP, user_id=USER)
+        assert holder.readline() == "held", holder.stderr()
+        ticks = 0
+        appended = asyncio.Event()
+
+        async def heartbeat() -> None:
+            nonlocal ticks
+            while not appended.is_set():
+                ticks += 1
+                if ticks == 5:
+                    # Only a running loop gets here while the append waits.
+                    release.touch()
+                await asyncio.sleep(0.001)
+
+        beating = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0)
+        await svc.append_event(session, ev(delta={"a": 1}))
+        ran_before_append = release.exists()
+        appended.set()
+        await beating
+        return ran_before_append, ticks
+
+    try:
+        with children(tmp_path, ("hold_write_lock", str(path), str(release), "20")) as (holder,):
+            ran, ticks = asyncio.run(scenario(holder))
+            how = holder.readline(timeout=60)
+        assert how == "file", "the loop froze until the holder gave up"
+        assert ran and ticks >= 5
+    finally:
+        store.close()
+
+
+# Item 10: a full and a read-only filesystem
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+def test_a_full_filesystem_is_a_store_error_and_keeps_what_was_stored(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "small", "2m") as small:
+        path = small / "store"
+        store = LmdbStore(path)
+        svc = SyncSessionService(store)
+        session = svc.create_session(app_name=APP, user_id=USER)
+        acknowledged = []
+        error: StoreError | None = None
+        for n in range(1000):
+            event = ev(delta={f"k{n}": "x" * 20_000})
+            try:
+                svc.append_event(session, event)
+            except StoreError as failure:
+                error = failure
+                break
+            acknowledged.append(event.id)
+        assert error is not None and error.hint is not None
+        assert "disk space" in error.hint
+        store.close()
+        with SyncSessionService(LmdbStore(path)) as again:
+            stored = again.get_session(app_name=APP, user_id=USER, session_id=session.id)
+            assert stored is not None
+            assert [e.id for e in stored.events] == acknowledged
+
+
+def test_a_read_only_filesystem_is_named_in_the_hint(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "ro", "4m") as where:
+        LmdbStore(where / "store").close()
+        remounted = subprocess.run(
+            ["mount", "-o", "remount,ro", str(where)], capture_output=True, check=False
+        )
+        assert remounted.returncode == 0, remounted.stderr
+        with pytest.raises(StoreError) as info:
+            LmdbStore(where / "store")
+        assert info.value.hint is not None and "read-only" in info.value.hint
+        with pytest.raises(StoreError) as info:
+            LmdbStore(where / "new")
+        assert info.value.hint is not None and "read-only" in info.value.hint
