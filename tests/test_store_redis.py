@@ -286,14 +286,17 @@ def test_ttl_expires_an_idle_session_whole_and_keeps_shared_maps_longer(server: 
         svc.append_event(s, ev(delta={"k": 1}))
         client = raw_client(server)
         try:
-            ttls = {key: client.ttl(key) for key in keys_of(server, prefix)}
+            keys = keys_of(server, prefix)
+            # The shared maps are read first: set no earlier than the session's
+            # keys, they must not expire before them.
+            shared = [client.pttl(k) for k in keys if k.endswith((b"}a", b"}u", b"}d"))]
+            session = [client.pttl(k) for k in keys if k.endswith((b"r:s", b"e:s", b"s:s"))]
+            format_ttl = client.ttl(prefix + ":format")
         finally:
             client.close()
-        session_ttls = [t for key, t in ttls.items() if b"s" in key and key.endswith(b":s")]
-        assert session_ttls and all(0 < t <= 2 for t in session_ttls)
-        shared = [t for key, t in ttls.items() if key.endswith((b"}a", b"}u", b"}d"))]
-        assert shared and all(t >= 2 for t in shared)
-        assert ttls[next(k for k in ttls if k.endswith(b"format"))] == -1
+        assert len(session) == 3 and all(0 < t <= 2000 for t in session)
+        assert len(shared) == 3 and min(shared) >= max(session)
+        assert format_ttl == -1
         deadline = time.monotonic() + 10
         while svc.get_session(app_name=APP, user_id=USER, session_id="s") is not None:
             assert time.monotonic() < deadline, "the session did not expire"
