@@ -16,11 +16,12 @@ from typing import Any
 import msgpack
 
 from .core import check_storable
-from .errors import IncompatibleStoreError
+from .errors import CorruptStoreError, IncompatibleStoreError
 
 __all__ = [
     "EVENT_FORMAT",
     "decode_event",
+    "decode_stored",
     "decode_value",
     "decode_values",
     "encode_event",
@@ -55,6 +56,19 @@ def pack(value: Any) -> bytes:
 
 
 unpack = partial(msgpack.unpackb, raw=False, strict_map_key=True, use_list=True)
+
+
+def decode_stored(data: bytes | memoryview, what: str) -> Any:
+    """Return a value read back from a store; bytes that do not decode are a CorruptStoreError.
+
+    What a store wrote always decodes: when it does not (invalid UTF-8 in a
+    string, a truncated or stray byte), the file was damaged under a value,
+    where LMDB's structural check cannot see it. ``what`` names the value.
+    """
+    try:
+        return unpack(data)
+    except (ValueError, TypeError, msgpack.UnpackException) as error:
+        raise CorruptStoreError(f"{what} is unreadable ({error})") from error
 
 
 def encode_value(value: Any, path: str) -> bytes:
@@ -100,7 +114,7 @@ def decode_event(data: bytes) -> Any:
             f"event record has format {version}, this version reads format {EVENT_FORMAT}",
             hint="upgrade sessionscope to read this store",
         )
-    return unpack(memoryview(data)[1:])
+    return decode_stored(memoryview(data)[1:], "an event record")
 
 
 def events_equal(stored: bytes, candidate: bytes) -> bool:

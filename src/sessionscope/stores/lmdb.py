@@ -55,7 +55,7 @@ from typing import Any, Literal, TypeVar
 
 import lmdb
 
-from ..codec import decode_event, pack, unpack
+from ..codec import decode_event, decode_stored, pack, unpack
 from ..errors import (
     AlreadyExistsError,
     CorruptStoreError,
@@ -828,10 +828,14 @@ class LmdbStore:
             if not key.startswith(owner):
                 break
             if key[start : start + 2] == _DIGEST_MARK:
-                name, value = unpack(value)
-                result[name] = unpack(value)
+                name, value = decode_stored(value, "a state entry")
+                result[name] = decode_stored(value, f"state value {name!r}")
             else:
-                result[key[start + 2 :].decode()] = unpack(value)
+                try:
+                    name = key[start + 2 :].decode()
+                except UnicodeDecodeError as error:
+                    raise CorruptStoreError(f"a state key is unreadable ({error})") from error
+                result[name] = decode_stored(value, f"state value {name!r}")
         return result
 
     def _events(self, txn: Any, number: bytes, start: int, stop: int) -> list[bytes]:
