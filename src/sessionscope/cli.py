@@ -164,7 +164,7 @@ def _store_commands(commands: Any) -> None:
     tail.add_argument("--follow", "-f", action="store_true", help="wait for new events")
     tail.add_argument(
         "--interval",
-        type=float,
+        type=_seconds,
         default=0.2,
         metavar="SECONDS",
         help="how often --follow looks for new events (0.2)",
@@ -257,6 +257,17 @@ def _natural(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    # 0 would poll without pause; inf or nan cannot be slept.
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite number of seconds")
     return value
 
 
