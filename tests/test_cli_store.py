@@ -17,7 +17,7 @@ import lmdb
 import pytest
 
 from _stores import child_env, snapshot_dir
-from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
+from sessionscope import Event, EventActions, LmdbStore, SyncSessionService, open_store
 from sessionscope.codec import pack, unpack
 
 CHILDREN = Path(__file__).with_name("_cli_children.py")
@@ -541,6 +541,21 @@ def test_backup_copies_and_verifies(store_path: Path, tmp_path: Path) -> None:
     assert text.returncode == 0
     assert "verified" in text.stdout
     assert "backup size" in text.stdout
+
+
+def test_the_backup_uri_opens_the_backup_whatever_its_directory_is_called(
+    store_path: Path, tmp_path: Path
+) -> None:
+    # Characters a URI gives a meaning to: space, '#', '?', '%'.
+    dest = tmp_path / "backup 1#a?durability=deferred%41"
+    doc = run_json("backup", uri_of(store_path), str(dest))
+    store = open_store(doc["uri"])
+    try:
+        assert isinstance(store, LmdbStore) and store.path.resolve() == dest.resolve()
+    finally:
+        store.close()
+    assert run("verify", doc["uri"]).returncode == 0
+    assert event_ids(dest) == event_ids(store_path)
 
 
 def test_backup_refuses_a_non_empty_destination(store_path: Path, tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from hashlib import blake2b
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import lmdb
 
@@ -91,7 +92,7 @@ from .base import (
     finish_all,
 )
 
-__all__ = ["FORMAT_VERSION", "LmdbStore"]
+__all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
 
 T = TypeVar("T")
 Durability = Literal["sync", "deferred"]
@@ -364,7 +365,7 @@ class LmdbStore:
     @property
     def uri(self) -> str:
         """Return the URI ``open_store`` takes to open this store again."""
-        return f"lmdb://{self.path.resolve()}?durability={self.durability}"
+        return f"{path_uri(self.path)}?durability={self.durability}"
 
     # -- opening ---------------------------------------------------------
 
@@ -1745,6 +1746,15 @@ class _PartialBatch(Exception):
         super().__init__(applied, error)
         self.applied = applied
         self.error = error
+
+
+def path_uri(path: str | os.PathLike[str]) -> str:
+    """Return the ``lmdb://`` URI of a store directory, which ``open_store`` reads back.
+
+    The absolute path, percent-quoted: a space, ``#``, ``?`` or ``%`` in a
+    directory name would otherwise end the path or be read as an escape.
+    """
+    return "lmdb://" + quote(str(Path(path).resolve()))
 
 
 def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
