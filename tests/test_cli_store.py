@@ -140,6 +140,26 @@ def test_missing_arguments_are_usage_errors() -> None:
     assert "required" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "lmdb:///x", "shop", "user-0"],
+        ["show", "lmdb:///x", "shop", "user-0", "s0", "--last", "x"],
+        ["ls"],
+        ["ls", "memory://", "--bogus"],
+        ["migrate", "--to", "memory://"],
+        ["backup", "lmdb:///x"],
+    ],
+)
+def test_bad_usage_is_one_line_on_stderr(args: list[str]) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"sessionscope {args[0]}: error: ")
+    assert f"sessionscope {args[0]} --help" in done.stderr
+
+
 # -- ls ----------------------------------------------------------------------------
 
 
