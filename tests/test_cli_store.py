@@ -160,6 +160,33 @@ def test_bad_usage_is_one_line_on_stderr(args: list[str]) -> None:
     assert f"sessionscope {args[0]} --help" in done.stderr
 
 
+def test_an_app_or_user_filter_no_service_takes_is_a_usage_error(
+    store_path: Path, tmp_path: Path
+) -> None:
+    uri = uri_of(store_path)
+    long = "x" * 5000
+    for args, name in (
+        (["ls", uri, "--app", ""], "app_name"),
+        (["ls", uri, "--app", long], "app_name"),
+        (["ls", uri, "--app", "shop", "--user", ""], "user_id"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", ""], "app_name"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", long], "app_name"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", "shop", "--user", ""], "user_id"),
+        (["migrate", "--from", "sqlite:///x.db", "--to", uri, "--app", ""], "app_name"),
+    ):
+        done = run(*args)
+        assert done.returncode == 2, args
+        assert done.stderr.count("\n") == 1 and name in done.stderr
+    assert not (tmp_path / "out.dump").exists()
+
+
+def test_import_of_a_directory_says_it_is_not_a_file(tmp_path: Path) -> None:
+    done = run("import", uri_of(tmp_path / "new"), str(tmp_path))
+    assert done.returncode == 2
+    assert "is not a file" in done.stderr
+    assert not (tmp_path / "new").exists()
+
+
 # -- ls ----------------------------------------------------------------------------
 
 

@@ -128,6 +128,7 @@ def _page(names: list[str], limit: int, cursor: str | None) -> tuple[list[str], 
 
 def ls(args: argparse.Namespace) -> int:
     """List apps, an app's users, or a user's sessions."""
+    _check_filters(args)
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     with opened(args.uri) as store:
@@ -209,6 +210,19 @@ def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
 
 
 # -- show and tail -----------------------------------------------------------------
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
+    from .service import check_id
+
+    for option, name in (("app", "app_name"), ("user", "user_id")):
+        value = getattr(args, option, None)
+        if value is not None:
+            try:
+                check_id(value, name)
+            except ValueError as error:
+                raise UsageError(f"--{option}: {error}") from None
 
 
 def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
@@ -563,6 +577,7 @@ def _counts_text(title: str, fields: dict[str, Any]) -> str:
 
 def export_command(args: argparse.Namespace) -> int:
     """Write a store (or one app or user) as a dump, or an app as a trace."""
+    _check_filters(args)
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     out = Path(args.out)
@@ -593,7 +608,7 @@ def import_command(args: argparse.Namespace) -> int:
 
     source = Path(args.source)
     if not source.is_file():
-        raise UsageError(f"{source} does not exist")
+        raise UsageError(f"{source} {'is not a file' if source.exists() else 'does not exist'}")
     path = lmdb_path(args.uri)
     created = path is not None and not path.exists()
     try:
@@ -613,6 +628,7 @@ def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
     from .migrate import migrate_from_adk, open_adk_service
 
+    _check_filters(args)
     try:
         # Refuse a source ADK cannot open before the target store is created.
         open_adk_service(args.source)
