@@ -65,6 +65,19 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
         raise UsageError(str(error)) from None
 
 
+def _check_filters(args: argparse.Namespace) -> None:
+    """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
+    from .service import check_id
+
+    for option, name in (("app", "app_name"), ("user", "user_id")):
+        value = getattr(args, option, None)
+        if value is not None:
+            try:
+                check_id(value, name)
+            except ValueError as error:
+                raise UsageError(f"--{option}: {error}") from None
+
+
 @contextmanager
 def opened(uri: str, *, existing: bool = True) -> Iterator[Store]:
     """Open a store for the length of a command, and close it."""
@@ -212,19 +225,6 @@ def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
 # -- show and tail -----------------------------------------------------------------
 
 
-def _check_filters(args: argparse.Namespace) -> None:
-    """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
-    from .service import check_id
-
-    for option, name in (("app", "app_name"), ("user", "user_id")):
-        value = getattr(args, option, None)
-        if value is not None:
-            try:
-                check_id(value, name)
-            except ValueError as error:
-                raise UsageError(f"--{option}: {error}") from None
-
-
 def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
     """Return the session's (app, user, session) ids checked and stripped as a service does."""
     from .service import check_id, check_session_id
@@ -233,7 +233,7 @@ def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
         return (
             check_id(args.app, "app_name"),
             check_id(args.user, "user_id"),
-            (check_session_id(args.session)),
+            check_session_id(args.session),
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
