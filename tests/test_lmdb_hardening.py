@@ -41,6 +41,7 @@ def _filled_store(path: Path, events: int = 50, durability: str = "sync") -> str
         ("flush_interval", threading.TIMEOUT_MAX * 2),
         ("flush_interval", True),
         ("flush_interval", "1"),
+        pytest.param("flush_interval", 10**400, id="flush_interval-beyond-float"),
         ("map_size", 0),
         ("map_size", -5),
         ("map_size", 1 << 80),

@@ -90,6 +90,7 @@ from .base import (
     event_copy,
     events_seen,
     finish_all,
+    finite_float,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
@@ -1859,12 +1860,8 @@ def _check_options(
         raise ValueError(f"map_size must be a positive int, not {map_size!r}")
     if map_size > sys.maxsize:
         raise ValueError(f"map_size must be at most {sys.maxsize}, not {map_size}")
-    if (
-        isinstance(flush_interval, bool)
-        or not isinstance(flush_interval, (int, float))
-        or not math.isfinite(flush_interval)
-        or not 0 < flush_interval <= threading.TIMEOUT_MAX
-    ):
+    interval = finite_float(flush_interval)
+    if interval is None or not 0 < interval <= threading.TIMEOUT_MAX:
         raise ValueError(
             "flush_interval must be a finite number of seconds above 0 and at most "
             f"{threading.TIMEOUT_MAX}, not {flush_interval!r}"
