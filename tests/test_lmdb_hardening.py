@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from _stores import APP, USER, ev, snapshot_dir
-from sessionscope import LmdbStore, SyncSessionService
+from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService
 from sessionscope.codec import pack
 from sessionscope.errors import CorruptStoreError, StoreError, UnsafeStoreError
 from sessionscope.stores import lmdb as lmdb_module
@@ -380,6 +380,63 @@ def test_an_adk_event_that_does_not_decode_is_called_corrupt(tmp_path: Path) -> 
         service = LmdbSessionService(tmp_path / "store")
         try:
             with pytest.raises(CorruptStoreError, match="unreadable"):
+                await service.get_session(app_name=APP, user_id=USER, session_id="s")
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())
+
+
+def _replace_in_values(path: Path, old: bytes, new: bytes) -> int:
+    """Replace bytes inside stored values, in every named database (see _garble_values)."""
+    env = lmdb.open(str(path), max_dbs=16)
+    changed = 0
+    with env.begin(write=True) as txn:
+        for name in [key for key, _ in txn.cursor()]:
+            db = env.open_db(name, txn=txn, create=False)
+            for key, value in list(txn.cursor(db=db)):
+                if old in value:
+                    txn.put(key, value.replace(old, new), db=db)
+                    changed += 1
+    env.close()
+    return changed
+
+
+def test_an_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Path) -> None:
+    # One byte changed: the record still decodes, but its "author" field is now
+    # an unknown one, which no event has.
+    path = tmp_path / "store"
+    with SyncSessionService(LmdbStore(path)) as svc:
+        session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        svc.append_event(session, ev())
+    assert _replace_in_values(path, b"author", b"xuthor") == 1
+    with SyncSessionService(LmdbStore(path)) as svc:
+        with pytest.raises(CorruptStoreError, match="event record"):
+            svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        # Without its events the session still reads.
+        head = svc.get_session(
+            app_name=APP, user_id=USER, session_id="s", config=GetSessionConfig(num_recent_events=0)
+        )
+        assert head is not None and head.events == []
+
+
+def test_an_adk_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Path) -> None:
+    from google.adk.events import Event as AdkEvent
+
+    from sessionscope.adk import LmdbSessionService
+
+    async def scenario() -> None:
+        service = LmdbSessionService(tmp_path / "store")
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+        await service.append_event(session, AdkEvent(author="model", invocation_id="inv-7"))
+        await service.close()
+        # The invocation id "inv-7" becomes a list of five small ints (a msgpack
+        # fixarray header in place of the fixstr's): the record decodes, the event does not.
+        stored = tmp_path / "store"
+        assert _replace_in_values(stored, b"\xa5inv-7", b"\x95inv-7") == 1
+        service = LmdbSessionService(stored)
+        try:
+            with pytest.raises(CorruptStoreError, match="event record"):
                 await service.get_session(app_name=APP, user_id=USER, session_id="s")
         finally:
             await service.close()

@@ -259,5 +259,9 @@ def decode_events(records: list[bytes]) -> list[Event]:
         if not data or data[0] != _PREFIX:
             codec.decode_event(data)  # raises the format error
             raise IncompatibleStoreError("unreadable event record")
-        events.append(validate(decode(memoryview(data)[1:], "an event record")))
+        fields = decode(memoryview(data)[1:], "an event record")
+        try:
+            events.append(validate(fields))
+        except (TypeError, ValueError, AttributeError) as error:
+            raise codec.unreadable_event(error) from error
     return events

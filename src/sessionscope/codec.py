@@ -31,6 +31,7 @@ __all__ = [
     "pack",
     "pack_event",
     "unpack",
+    "unreadable_event",
 ]
 
 # Version byte in front of every stored event record.
@@ -115,6 +116,21 @@ def decode_event(data: bytes) -> Any:
             hint="upgrade sessionscope to read this store",
         )
     return decode_stored(memoryview(data)[1:], "an event record")
+
+
+def unreadable_event(error: Exception) -> CorruptStoreError:
+    """Return the error for a stored event record that decodes but makes no event.
+
+    A model (the native one or ADK's) could not build an event from it: a
+    damaged byte turned a field into another type or name, or the record was
+    written through the other API (the two store events in their own shapes).
+    """
+    return CorruptStoreError(
+        f"an event record is unreadable: {type(error).__name__}: {error}".splitlines()[0],
+        hint="the store is damaged, or this session was written through the other API "
+        "(the native service and the ADK drop-in keep events in their own shapes): "
+        "restore it from a backup; `sessionscope verify` checks a store",
+    )
 
 
 def events_equal(stored: bytes, candidate: bytes) -> bool:

@@ -243,7 +243,14 @@ class NativeModel(FieldModel[Session, Event]):
 
     def decode_events(self, records: list[bytes]) -> list[Event]:
         """Return the events stored as ``records``."""
-        return [event_from_record(codec.decode_event(record)) for record in records]
+        events = []
+        for record in records:
+            fields = codec.decode_event(record)
+            try:
+                events.append(event_from_record(fields))
+            except (TypeError, ValueError, AttributeError) as error:
+                raise codec.unreadable_event(error) from error
+        return events
 
     def marker(self, session: Session) -> str | None:
         """Return the revision marker a session object carries."""
