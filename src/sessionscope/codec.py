@@ -156,5 +156,5 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def decode_values(items: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
-    """Return a map from (key, bytes) pairs."""
-    return {key: unpack(data) for key, data in items}
+    """Return a map from (key, bytes) pairs read back from a store."""
+    return {key: decode_stored(data, f"state value {key!r}") for key, data in items}
