@@ -17,7 +17,7 @@ import lmdb
 import pytest
 
 from _stores import child_env, snapshot_dir
-from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
+from sessionscope import Event, EventActions, LmdbStore, SyncSessionService, open_store
 from sessionscope.codec import pack, unpack
 
 CHILDREN = Path(__file__).with_name("_cli_children.py")
@@ -140,6 +140,53 @@ def test_missing_arguments_are_usage_errors() -> None:
     assert "required" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "lmdb:///x", "shop", "user-0"],
+        ["show", "lmdb:///x", "shop", "user-0", "s0", "--last", "x"],
+        ["ls"],
+        ["ls", "memory://", "--bogus"],
+        ["migrate", "--to", "memory://"],
+        ["backup", "lmdb:///x"],
+    ],
+)
+def test_bad_usage_is_one_line_on_stderr(args: list[str]) -> None:
+    done = run(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"sessionscope {args[0]}: error: ")
+    assert f"sessionscope {args[0]} --help" in done.stderr
+
+
+def test_an_app_or_user_filter_no_service_takes_is_a_usage_error(
+    store_path: Path, tmp_path: Path
+) -> None:
+    uri = uri_of(store_path)
+    long = "x" * 5000
+    for args, name in (
+        (["ls", uri, "--app", ""], "app_name"),
+        (["ls", uri, "--app", long], "app_name"),
+        (["ls", uri, "--app", "shop", "--user", ""], "user_id"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", ""], "app_name"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", long], "app_name"),
+        (["export", uri, str(tmp_path / "out.dump"), "--app", "shop", "--user", ""], "user_id"),
+        (["migrate", "--from", "sqlite:///x.db", "--to", uri, "--app", ""], "app_name"),
+    ):
+        done = run(*args)
+        assert done.returncode == 2, args
+        assert done.stderr.count("\n") == 1 and name in done.stderr
+    assert not (tmp_path / "out.dump").exists()
+
+
+def test_import_of_a_directory_says_it_is_not_a_file(tmp_path: Path) -> None:
+    done = run("import", uri_of(tmp_path / "new"), str(tmp_path))
+    assert done.returncode == 2
+    assert "is not a file" in done.stderr
+    assert not (tmp_path / "new").exists()
+
+
 # -- ls ----------------------------------------------------------------------------
 
 
@@ -241,6 +288,36 @@ def test_show_of_a_missing_session_fails_with_one_line(store_path: Path) -> None
     assert "no session 'nope'" in done.stderr
 
 
+def test_show_and_tail_read_ids_as_the_service_does(store_path: Path) -> None:
+    uri = uri_of(store_path)
+    # Surrounding whitespace of a session id is stripped, as on every service call.
+    doc = run_json("show", uri, "shop", "user-2", "  s1 ")
+    assert doc["session"] == "s1"
+    tail = run("tail", uri, "shop", "user-2", " s1", "--last", "1", "--json")
+    assert tail.returncode == 0 and json.loads(tail.stdout)["summary"] == "hello 3"
+    # An id no service call takes is bad input, named, not a missing session.
+    for args, name in (
+        (["", "user-2", "s1"], "app_name"),
+        (["shop", "", "s1"], "user_id"),
+        (["shop", "user-2", "   "], "session_id"),
+        (["shop", "user-2", "x" * 5000], "session_id"),
+    ):
+        for command in ("show", "tail"):
+            done = run(command, uri, *args)
+            assert done.returncode == 2, (command, args)
+            assert done.stderr.count("\n") == 1 and name in done.stderr
+            assert done.stdout == ""
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "x"])
+def test_tail_refuses_a_bad_interval_before_printing(store_path: Path, interval: str) -> None:
+    args = ["tail", uri_of(store_path), "shop", "user-0", "s0", "--follow"]
+    done = run(*args, "--interval", interval)
+    assert done.returncode == 2
+    assert "--interval" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
 def test_tail_without_follow_prints_the_last_events(store_path: Path) -> None:
     uri = uri_of(store_path)
     done = run("tail", uri, "support", "user-0", "s1", "--last", "3")
@@ -285,6 +362,39 @@ def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> No
         stop(tail)  # type: ignore[arg-type]
         if child is not None:
             stop(child)
+
+
+@pytest.mark.slow
+def test_tail_follow_prints_an_event_appended_right_after_a_truncation(store_path: Path) -> None:
+    # One poll sees the session truncated and appended to since the last: the
+    # new event must still be printed (the count of stored events alone went down).
+    args = ["tail", uri_of(store_path), "shop", "user-2", "s1", "--follow", "--json"]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", *args, "--last", "1", "--interval", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        printed = Lines(tail.stdout)  # type: ignore[arg-type]
+        assert json.loads(printed.take())["summary"] == "hello 3"
+        with SyncSessionService(LmdbStore(store_path)) as svc:
+            key = {"app_name": "shop", "user_id": "user-2", "session_id": "s1"}
+            assert svc.truncate_events(**key, keep_last=1) == 3
+            session = svc.get_session(**key)
+            assert session is not None
+            appended = svc.append_event(session, Event(author="agent", content="after"))
+        followed = json.loads(printed.take(timeout=20))
+        assert (followed["id"], followed["summary"], followed["position"]) == (
+            appended.id,
+            "after",
+            1,
+        )
+        tail.send_signal(signal.SIGTERM)
+        assert tail.wait(timeout=30) == 0
+    finally:
+        stop(tail)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -478,6 +588,21 @@ def test_backup_copies_and_verifies(store_path: Path, tmp_path: Path) -> None:
     assert text.returncode == 0
     assert "verified" in text.stdout
     assert "backup size" in text.stdout
+
+
+def test_the_backup_uri_opens_the_backup_whatever_its_directory_is_called(
+    store_path: Path, tmp_path: Path
+) -> None:
+    # Characters a URI gives a meaning to: space, '#', '?', '%'.
+    dest = tmp_path / "backup 1#a?durability=deferred%41"
+    doc = run_json("backup", uri_of(store_path), str(dest))
+    store = open_store(doc["uri"])
+    try:
+        assert isinstance(store, LmdbStore) and store.path.resolve() == dest.resolve()
+    finally:
+        store.close()
+    assert run("verify", doc["uri"]).returncode == 0
+    assert event_ids(dest) == event_ids(store_path)
 
 
 def test_backup_refuses_a_non_empty_destination(store_path: Path, tmp_path: Path) -> None:

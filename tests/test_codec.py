@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from sessionscope import codec
-from sessionscope.errors import IncompatibleStoreError, StateValueError
+from sessionscope.errors import CorruptStoreError, IncompatibleStoreError, StateValueError
 
 NESTED = {
     "none": None,
@@ -121,3 +121,17 @@ def test_threads_packing_at_once_each_get_their_own_bytes() -> None:
         thread.join()
     for n in range(8):
         assert set(results[n]) == {expected[n]}
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [b"\xc1", b"\xa3\xff\xfe\xfd", b"\x92\x01", b"\x81\x01\x02", b"\x01\x02"],
+    ids=["never-used-byte", "invalid-utf8", "truncated-array", "int-map-key", "extra-data"],
+)
+def test_stored_bytes_that_do_not_decode_are_a_corrupt_store_error(damaged: bytes) -> None:
+    # What every store reads back goes through these: no raw msgpack error escapes.
+    with pytest.raises(CorruptStoreError, match="'cart'"):
+        codec.decode_values([("cart", damaged)])
+    with pytest.raises(CorruptStoreError, match="event record"):
+        codec.decode_event(bytes([codec.EVENT_FORMAT]) + damaged)
+    assert codec.decode_values([("cart", codec.pack([1, b"x"]))]) == {"cart": [1, b"x"]}

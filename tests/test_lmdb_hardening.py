@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
@@ -12,7 +13,7 @@ import lmdb
 import pytest
 
 from _stores import APP, USER, ev, snapshot_dir
-from sessionscope import LmdbStore, SyncSessionService
+from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService
 from sessionscope.codec import pack
 from sessionscope.errors import CorruptStoreError, StoreError, UnsafeStoreError
 from sessionscope.stores import lmdb as lmdb_module
@@ -40,6 +41,7 @@ def _filled_store(path: Path, events: int = 50, durability: str = "sync") -> str
         ("flush_interval", threading.TIMEOUT_MAX * 2),
         ("flush_interval", True),
         ("flush_interval", "1"),
+        pytest.param("flush_interval", 10**400, id="flush_interval-beyond-float"),
         ("map_size", 0),
         ("map_size", -5),
         ("map_size", 1 << 80),
@@ -309,3 +311,134 @@ def test_an_unreadable_session_record_is_called_corrupt(tmp_path: Path) -> None:
             svc.get_session(app_name=APP, user_id=USER, session_id=sid)
         # Other calls go on.
         assert svc.get_app_state(app_name=APP) == {}
+
+
+def _garble_values(path: Path, marker: bytes) -> int:
+    """Overwrite ``marker`` with bytes that are not UTF-8 wherever a stored value holds it.
+
+    Goes through every named database, so it does not depend on the key
+    layout: a string inside a packed value stops decoding, as when bytes rot
+    on disk under a value that LMDB's own structure check cannot see.
+    """
+    env = lmdb.open(str(path), max_dbs=16)
+    changed = 0
+    with env.begin(write=True) as txn:
+        for name in [key for key, _ in txn.cursor()]:
+            db = env.open_db(name, txn=txn, create=False)
+            for key, value in list(txn.cursor(db=db)):
+                if marker in value:
+                    txn.put(key, value.replace(marker, b"\xff" * len(marker)), db=db)
+                    changed += 1
+    env.close()
+    return changed
+
+
+@pytest.mark.parametrize("where", ["event", "session state", "user state", "app state"])
+def test_a_stored_value_that_does_not_decode_is_called_corrupt(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "store"
+    marker = "rotten-" + where.replace(" ", "-")
+    state = {"session state": {"k": marker}, "user state": {"user:k": marker},
+             "app state": {"app:k": marker}}.get(where, {})  # fmt: skip
+    with SyncSessionService(LmdbStore(path)) as svc:
+        hit = svc.create_session(app_name=APP, user_id=USER, session_id="hit", state=state)
+        content = {"parts": [{"text": marker}]} if where == "event" else None
+        svc.append_event(hit, ev(content=content))
+        sound = svc.create_session(app_name="other", user_id=USER, session_id="sound")
+        svc.append_event(sound, ev())
+    assert _garble_values(path, marker.encode()) == 1
+    # LMDB's structure is intact: only a value is damaged.
+    with SyncSessionService(LmdbStore(path, verify=True)) as svc:
+        with pytest.raises(CorruptStoreError, match="unreadable") as info:
+            svc.get_session(app_name=APP, user_id=USER, session_id="hit")
+        assert info.value.hint and "backup" in info.value.hint
+        if where == "user state":
+            with pytest.raises(CorruptStoreError):
+                svc.get_user_state(app_name=APP, user_id=USER)
+        if where == "app state":
+            with pytest.raises(CorruptStoreError):
+                svc.get_app_state(app_name=APP)
+        # The rest of the store reads as before.
+        again = svc.get_session(app_name="other", user_id=USER, session_id="sound")
+        assert again is not None and len(again.events) == 1
+
+
+def test_an_adk_event_that_does_not_decode_is_called_corrupt(tmp_path: Path) -> None:
+    from google.adk.events import Event as AdkEvent
+    from google.genai import types
+
+    from sessionscope.adk import LmdbSessionService
+
+    async def scenario() -> None:
+        service = LmdbSessionService(tmp_path / "store")
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+        content = types.Content(role="model", parts=[types.Part(text="rotten-adk-event")])
+        await service.append_event(
+            session, AdkEvent(author="model", invocation_id="i", content=content)
+        )
+        await service.close()
+        assert _garble_values(tmp_path / "store", b"rotten-adk-event") == 1
+        service = LmdbSessionService(tmp_path / "store")
+        try:
+            with pytest.raises(CorruptStoreError, match="unreadable"):
+                await service.get_session(app_name=APP, user_id=USER, session_id="s")
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())
+
+
+def _replace_in_values(path: Path, old: bytes, new: bytes) -> int:
+    """Replace bytes inside stored values, in every named database (see _garble_values)."""
+    env = lmdb.open(str(path), max_dbs=16)
+    changed = 0
+    with env.begin(write=True) as txn:
+        for name in [key for key, _ in txn.cursor()]:
+            db = env.open_db(name, txn=txn, create=False)
+            for key, value in list(txn.cursor(db=db)):
+                if old in value:
+                    txn.put(key, value.replace(old, new), db=db)
+                    changed += 1
+    env.close()
+    return changed
+
+
+def test_an_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Path) -> None:
+    # One byte changed: the record still decodes, but its "author" field is now
+    # an unknown one, which no event has.
+    path = tmp_path / "store"
+    with SyncSessionService(LmdbStore(path)) as svc:
+        session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        svc.append_event(session, ev())
+    assert _replace_in_values(path, b"author", b"xuthor") == 1
+    with SyncSessionService(LmdbStore(path)) as svc:
+        with pytest.raises(CorruptStoreError, match="event record"):
+            svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        # Without its events the session still reads.
+        head = svc.get_session(
+            app_name=APP, user_id=USER, session_id="s", config=GetSessionConfig(num_recent_events=0)
+        )
+        assert head is not None and head.events == []
+
+
+def test_an_adk_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Path) -> None:
+    from google.adk.events import Event as AdkEvent
+
+    from sessionscope.adk import LmdbSessionService
+
+    async def scenario() -> None:
+        service = LmdbSessionService(tmp_path / "store")
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+        await service.append_event(session, AdkEvent(author="model", invocation_id="inv-7"))
+        await service.close()
+        # The invocation id "inv-7" becomes a list of five small ints (a msgpack
+        # fixarray header in place of the fixstr's): the record decodes, the event does not.
+        stored = tmp_path / "store"
+        assert _replace_in_values(stored, b"\xa5inv-7", b"\x95inv-7") == 1
+        service = LmdbSessionService(stored)
+        try:
+            with pytest.raises(CorruptStoreError, match="event record"):
+                await service.get_session(app_name=APP, user_id=USER, session_id="s")
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())

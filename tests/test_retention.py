@@ -196,6 +196,7 @@ def test_truncate_on_a_missing_session(store_factory: StoreFactory) -> None:
         ({"before": float("nan")}, "before"),
         ({"before": float("inf")}, "before"),
         ({"before": False}, "before"),
+        pytest.param({"before": 10**400}, "before", id="before-beyond-float"),
         ({"keep_last": 1, "app_name": ""}, "app_name"),
         ({"keep_last": 1, "user_id": 7}, "user_id"),
         ({"keep_last": 1, "session_id": None}, "session_id"),
@@ -348,6 +349,7 @@ def test_an_expired_session_can_be_created_again(store_factory: StoreFactory) ->
         ({"idle_for": "1h"}, "idle_for"),
         ({"idle_for": float("nan")}, "idle_for"),
         ({"idle_for": True}, "idle_for"),
+        pytest.param({"idle_for": 10**400}, "idle_for", id="idle-beyond-float"),
         ({"idle_for": 1, "app_name": ""}, "app_name"),
         ({"idle_for": 1, "app_name": 3}, "app_name"),
     ],
@@ -539,7 +541,9 @@ def test_session_ttl_through_the_adk_service_uri(tmp_path: Any) -> None:
     assert _expirer_threads() == []
 
 
-@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), "10", True])
+@pytest.mark.parametrize(
+    "ttl", [0, -1, float("nan"), float("inf"), "10", True, pytest.param(10**400, id="beyond-float")]
+)
 def test_session_ttl_must_be_positive_seconds(tmp_path: Any, ttl: Any) -> None:
     with pytest.raises(ValueError, match="session_ttl"):
         MemoryStore(session_ttl=ttl)

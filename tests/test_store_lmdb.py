@@ -539,3 +539,20 @@ def test_values_are_stored_as_msgpack(tmp_path: Path) -> None:
     # Each state value is stored as its msgpack encoding (alone, or inside a record).
     assert sum(packed_value in v for v in values) >= 3
     assert any(packed_marker in v for v in values)
+
+
+def test_a_store_uri_opens_the_same_store_whatever_its_directory_is_called(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "my sessions #2?map_size=1%20"
+    store = LmdbStore(path, durability="deferred")
+    try:
+        uri = store.uri
+    finally:
+        store.close()
+    again = open_store(uri)
+    try:
+        assert isinstance(again, LmdbStore)
+        assert again.path.resolve() == path.resolve() and again.durability == "deferred"
+    finally:
+        again.close()

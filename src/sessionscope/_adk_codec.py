@@ -253,11 +253,15 @@ def event_from_record(record: Any) -> Event:
 def decode_events(records: list[bytes]) -> list[Event]:
     """Return the ADK events stored as ``records``."""
     validate = _validate
-    unpack = codec.unpack
+    decode = codec.decode_stored
     events = []
     for data in records:
         if not data or data[0] != _PREFIX:
             codec.decode_event(data)  # raises the format error
             raise IncompatibleStoreError("unreadable event record")
-        events.append(validate(unpack(memoryview(data)[1:])))
+        fields = decode(memoryview(data)[1:], "an event record")
+        try:
+            events.append(validate(fields))
+        except (TypeError, ValueError, AttributeError) as error:
+            raise codec.unreadable_event(error) from error
     return events

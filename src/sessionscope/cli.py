@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .errors import SessionscopeError
@@ -38,8 +38,19 @@ class UsageError(Exception):
     """Bad input: reported on stderr with exit code 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, like every failure."""
+
+    # The top-level parser's command parsers, by name.
+    command_parsers: Mapping[str, argparse.ArgumentParser]
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
         prog="sessionscope",
         description="Look into, check, back up and move session stores; benchmark and "
         "replay them. Every store command takes a URI: " + _STORE_URIS + ".",
@@ -47,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
         "success, 1 a problem found or a failure, 2 bad usage or input.",
     )
     parser.add_argument("--version", action="version", version=f"sessionscope {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.command_parsers = commands.choices
 
     bench = commands.add_parser(
         "bench",
@@ -167,7 +179,7 @@ def _store_commands(commands: Any) -> None:
     tail.add_argument("--follow", "-f", action="store_true", help="wait for new events")
     tail.add_argument(
         "--interval",
-        type=float,
+        type=_seconds,
         default=0.2,
         metavar="SECONDS",
         help="how often --follow looks for new events (0.2)",
@@ -260,6 +272,17 @@ def _natural(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    # 0 would poll without pause; inf or nan cannot be slept.
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite number of seconds")
     return value
 
 
@@ -359,7 +382,11 @@ def _generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Reported by the command's own parser, which names the command.
+        owner = parser.command_parsers.get(args.command, parser) if args.command else parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -16,11 +16,12 @@ from typing import Any
 import msgpack
 
 from .core import check_storable
-from .errors import IncompatibleStoreError
+from .errors import CorruptStoreError, IncompatibleStoreError
 
 __all__ = [
     "EVENT_FORMAT",
     "decode_event",
+    "decode_stored",
     "decode_value",
     "decode_values",
     "encode_event",
@@ -30,6 +31,7 @@ __all__ = [
     "pack",
     "pack_event",
     "unpack",
+    "unreadable_event",
 ]
 
 # Version byte in front of every stored event record.
@@ -55,6 +57,19 @@ def pack(value: Any) -> bytes:
 
 
 unpack = partial(msgpack.unpackb, raw=False, strict_map_key=True, use_list=True)
+
+
+def decode_stored(data: bytes | memoryview, what: str) -> Any:
+    """Return a value read back from a store; bytes that do not decode are a CorruptStoreError.
+
+    What a store wrote always decodes: when it does not (invalid UTF-8 in a
+    string, a truncated or stray byte), the file was damaged under a value,
+    where LMDB's structural check cannot see it. ``what`` names the value.
+    """
+    try:
+        return unpack(data)
+    except (ValueError, TypeError, msgpack.UnpackException) as error:
+        raise CorruptStoreError(f"{what} is unreadable ({error})") from error
 
 
 def encode_value(value: Any, path: str) -> bytes:
@@ -100,7 +115,22 @@ def decode_event(data: bytes) -> Any:
             f"event record has format {version}, this version reads format {EVENT_FORMAT}",
             hint="upgrade sessionscope to read this store",
         )
-    return unpack(memoryview(data)[1:])
+    return decode_stored(memoryview(data)[1:], "an event record")
+
+
+def unreadable_event(error: Exception) -> CorruptStoreError:
+    """Return the error for a stored event record that decodes but makes no event.
+
+    A model (the native one or ADK's) could not build an event from it: a
+    damaged byte turned a field into another type or name, or the record was
+    written through the other API (the two store events in their own shapes).
+    """
+    return CorruptStoreError(
+        f"an event record is unreadable: {type(error).__name__}: {error}".splitlines()[0],
+        hint="the store is damaged, or this session was written through the other API "
+        "(the native service and the ADK drop-in keep events in their own shapes): "
+        "restore it from a backup; `sessionscope verify` checks a store",
+    )
 
 
 def events_equal(stored: bytes, candidate: bytes) -> bool:
@@ -126,5 +156,5 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def decode_values(items: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
-    """Return a map from (key, bytes) pairs."""
-    return {key: unpack(data) for key, data in items}
+    """Return a map from (key, bytes) pairs read back from a store."""
+    return {key: decode_stored(data, f"state value {key!r}") for key, data in items}

@@ -39,6 +39,7 @@ from .ops import (
     store_stats,
 )
 from .stores import LmdbStore, Store, open_store
+from .stores.base import LoadedSession
 
 __all__ = ["HANDLERS"]
 
@@ -62,6 +63,19 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
         raise
     except ValueError as error:  # an unknown scheme or option
         raise UsageError(str(error)) from None
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
+    from .service import check_id
+
+    for option, name in (("app", "app_name"), ("user", "user_id")):
+        value = getattr(args, option, None)
+        if value is not None:
+            try:
+                check_id(value, name)
+            except ValueError as error:
+                raise UsageError(f"--{option}: {error}") from None
 
 
 @contextmanager
@@ -127,6 +141,7 @@ def _page(names: list[str], limit: int, cursor: str | None) -> tuple[list[str], 
 
 def ls(args: argparse.Namespace) -> int:
     """List apps, an app's users, or a user's sessions."""
+    _check_filters(args)
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     with opened(args.uri) as store:
@@ -210,6 +225,20 @@ def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
 # -- show and tail -----------------------------------------------------------------
 
 
+def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
+    """Return the session's (app, user, session) ids checked and stripped as a service does."""
+    from .service import check_id, check_session_id
+
+    try:
+        return (
+            check_id(args.app, "app_name"),
+            check_id(args.user, "user_id"),
+            check_session_id(args.session),
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _missing_session(args: argparse.Namespace) -> SessionscopeError:
     from .errors import SessionNotFoundError
 
@@ -236,8 +265,9 @@ _EVENT_COLUMNS: list[Column | str] = [Column("#", True), "time", "author", "cont
 
 def show(args: argparse.Namespace) -> int:
     """Print a session's state by scope and its last events."""
+    key = _session_key(args)
     with opened(args.uri) as store:
-        loaded = store.load_session(args.app, args.user, args.session, args.last, None)
+        loaded = store.load_session(*key, args.last, None)
     if loaded is None:
         raise _missing_session(args)
     record = loaded.record
@@ -298,53 +328,58 @@ def _tail_line(event: dict[str, Any]) -> str:
 def tail(args: argparse.Namespace) -> int:
     """Print a session's last events; with --follow, then each new one until interrupted.
 
-    Each poll reads the session with no events (its record only) and, when
-    its count moved past the one last seen, exactly the events after it.
+    Each poll reads the session with no events (its record only). Its
+    ``event_count`` counts every event ever appended, truncated or not, so
+    the events new since the last poll are the last ``event_count - seen``
+    still stored; a new record ``number`` is the session deleted and created
+    again, whose events are all new.
     """
+    key = _session_key(args)
     if args.follow:
         # SIGTERM ends a follow the way Ctrl-C does: quietly, with status 0.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
-    def emit(event: dict[str, Any]) -> None:
-        line = json.dumps(jsonable(event), ensure_ascii=False) if args.json else _tail_line(event)
-        print(line, flush=True)
+    def emit(loaded: LoadedSession) -> None:
+        first = loaded.record.stored_count - len(loaded.events)
+        for i, data in enumerate(loaded.events):
+            event = {"position": first + i, **describe_event(data)}
+            line = (
+                json.dumps(jsonable(event), ensure_ascii=False) if args.json else _tail_line(event)
+            )
+            print(line, flush=True)
 
     with opened(args.uri) as store:
-        loaded = store.load_session(args.app, args.user, args.session, args.last, None)
+        loaded = store.load_session(*key, args.last, None)
         if loaded is None:
             raise _missing_session(args)
-        seen = loaded.record.event_count
-        stored = loaded.record.stored_count
-        first = stored - len(loaded.events)
-        for i, data in enumerate(loaded.events):
-            emit({"position": first + i, **describe_event(data)})
+        emit(loaded)
         if not args.follow:
             return 0
+        number, seen = loaded.record.number, loaded.record.event_count
         try:
             while True:
                 time.sleep(args.interval)
-                head = store.load_session(args.app, args.user, args.session, 0, None)
+                head = store.load_session(*key, 0, None)
+                while head is not None:
+                    record = head.record
+                    fresh = record.event_count - seen if record.number == number else None
+                    wanted = (
+                        record.stored_count if fresh is None else min(fresh, record.stored_count)
+                    )
+                    if wanted <= 0:
+                        break
+                    batch = store.load_session(*key, wanted, None)
+                    if batch is not None and (batch.record.number, batch.record.event_count) == (
+                        record.number,
+                        record.event_count,
+                    ):
+                        emit(batch)
+                        break
+                    head = batch  # moved on between the two reads: count again
                 if head is None:
                     print("sessionscope tail: the session was deleted", file=sys.stderr)
                     return 1
-                if head.record.stored_count < stored or head.record.event_count < seen:
-                    # Truncated, or deleted and created again: go on from its end.
-                    seen, stored = head.record.event_count, head.record.stored_count
-                    continue
-                new = head.record.stored_count - stored
-                while new > 0:
-                    batch = store.load_session(args.app, args.user, args.session, new, None)
-                    if batch is None:
-                        break
-                    grown = batch.record.stored_count - stored
-                    if grown != new:  # more were appended between the two reads
-                        new = grown
-                        continue
-                    first = batch.record.stored_count - len(batch.events)
-                    for i, data in enumerate(batch.events):
-                        emit({"position": first + i, **describe_event(data)})
-                    seen, stored = batch.record.event_count, batch.record.stored_count
-                    new = 0
+                number, seen = head.record.number, head.record.event_count
         except KeyboardInterrupt:
             return 0
 
@@ -542,6 +577,7 @@ def _counts_text(title: str, fields: dict[str, Any]) -> str:
 
 def export_command(args: argparse.Namespace) -> int:
     """Write a store (or one app or user) as a dump, or an app as a trace."""
+    _check_filters(args)
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     out = Path(args.out)
@@ -572,7 +608,7 @@ def import_command(args: argparse.Namespace) -> int:
 
     source = Path(args.source)
     if not source.is_file():
-        raise UsageError(f"{source} does not exist")
+        raise UsageError(f"{source} {'is not a file' if source.exists() else 'does not exist'}")
     path = lmdb_path(args.uri)
     created = path is not None and not path.exists()
     try:
@@ -592,6 +628,7 @@ def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
     from .migrate import migrate_from_adk, open_adk_service
 
+    _check_filters(args)
     try:
         # Refuse a source ADK cannot open before the target store is created.
         open_adk_service(args.source)

@@ -21,6 +21,7 @@ from .codec import decode_event, pack
 from .errors import CorruptStoreError, SessionscopeError, StoreError
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession, SessionRecord
+from .stores.lmdb import path_uri
 
 __all__ = [
     "CheckReport",
@@ -358,7 +359,7 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     return {
         "source": str(store.path),
         "dest": str(dest),
-        "uri": f"lmdb://{dest.resolve()}",
+        "uri": path_uri(dest),
         "source_bytes": (store.path / "data.mdb").stat().st_size,
         "backup_bytes": (dest / "data.mdb").stat().st_size,
         "sessions": report.sessions,

@@ -41,6 +41,7 @@ from .stores.base import (
     AppendResult,
     LoadedSession,
     SessionRecord,
+    finite_float,
     marker_position,
 )
 
@@ -242,7 +243,14 @@ class NativeModel(FieldModel[Session, Event]):
 
     def decode_events(self, records: list[bytes]) -> list[Event]:
         """Return the events stored as ``records``."""
-        return [event_from_record(codec.decode_event(record)) for record in records]
+        events = []
+        for record in records:
+            fields = codec.decode_event(record)
+            try:
+                events.append(event_from_record(fields))
+            except (TypeError, ValueError, AttributeError) as error:
+                raise codec.unreadable_event(error) from error
+        return events
 
     def marker(self, session: Session) -> str | None:
         """Return the revision marker a session object carries."""
@@ -473,9 +481,10 @@ class ServiceCore(Generic[S, E]):
             return (*key, None, keep_last)
         if isinstance(before, bool) or not isinstance(before, (int, float)):
             raise ValueError(f"before must be a timestamp (a number), not {before!r}")
-        if not math.isfinite(before):
+        stamp = finite_float(before)
+        if stamp is None:
             raise ValueError(f"before must be a finite timestamp, not {before!r}")
-        return (*key, float(before), None)
+        return (*key, stamp, None)
 
     @staticmethod
     def check_expiry(app_name: object, idle_for: object) -> tuple[str | None, float]:
@@ -483,9 +492,10 @@ class ServiceCore(Generic[S, E]):
         app = None if app_name is None else check_id(app_name, "app_name")
         if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)):
             raise ValueError(f"idle_for must be a number of seconds, not {idle_for!r}")
-        if not math.isfinite(idle_for) or idle_for < 0:
+        seconds = finite_float(idle_for)
+        if seconds is None or seconds < 0:
             raise ValueError(f"idle_for must be a finite number of seconds >= 0, not {idle_for!r}")
-        return app, time.time() - idle_for
+        return app, time.time() - seconds
 
     # -- append ----------------------------------------------------------
 

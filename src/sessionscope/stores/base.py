@@ -16,6 +16,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "event_copy",
     "events_seen",
     "finish_all",
+    "finite_float",
     "marker_position",
 ]
 
@@ -920,12 +922,29 @@ class Expirer:
             self._stop.wait(self.interval)
 
 
+def finite_float(value: object) -> float | None:
+    """Return an int or float (not a bool) as a finite float; None when it is none.
+
+    An int beyond the float range is None too, where ``float()`` and
+    ``math.isfinite`` would raise OverflowError: every option and argument
+    that takes seconds or a timestamp checks through here.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_ttl(session_ttl: float | None) -> float | None:
     """Return a valid ``session_ttl`` (positive seconds, or None)."""
     if session_ttl is None:
         return None
     if isinstance(session_ttl, bool) or not isinstance(session_ttl, (int, float)):
         raise ValueError(f"session_ttl must be a number of seconds, not {session_ttl!r}")
-    if not session_ttl > 0 or session_ttl != session_ttl or session_ttl == float("inf"):
+    seconds = finite_float(session_ttl)
+    if seconds is None or not seconds > 0:
         raise ValueError(f"session_ttl must be a positive finite number, not {session_ttl!r}")
-    return float(session_ttl)
+    return seconds

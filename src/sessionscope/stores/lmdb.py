@@ -52,10 +52,11 @@ from hashlib import blake2b
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import lmdb
 
-from ..codec import decode_event, pack, unpack
+from ..codec import decode_event, decode_stored, pack, unpack
 from ..errors import (
     AlreadyExistsError,
     CorruptStoreError,
@@ -89,9 +90,10 @@ from .base import (
     event_copy,
     events_seen,
     finish_all,
+    finite_float,
 )
 
-__all__ = ["FORMAT_VERSION", "LmdbStore"]
+__all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
 
 T = TypeVar("T")
 Durability = Literal["sync", "deferred"]
@@ -364,7 +366,7 @@ class LmdbStore:
     @property
     def uri(self) -> str:
         """Return the URI ``open_store`` takes to open this store again."""
-        return f"lmdb://{self.path.resolve()}?durability={self.durability}"
+        return f"{path_uri(self.path)}?durability={self.durability}"
 
     # -- opening ---------------------------------------------------------
 
@@ -828,10 +830,14 @@ class LmdbStore:
             if not key.startswith(owner):
                 break
             if key[start : start + 2] == _DIGEST_MARK:
-                name, value = unpack(value)
-                result[name] = unpack(value)
+                name, value = decode_stored(value, "a state entry")
+                result[name] = decode_stored(value, f"state value {name!r}")
             else:
-                result[key[start + 2 :].decode()] = unpack(value)
+                try:
+                    name = key[start + 2 :].decode()
+                except UnicodeDecodeError as error:
+                    raise CorruptStoreError(f"a state key is unreadable ({error})") from error
+                result[name] = decode_stored(value, f"state value {name!r}")
         return result
 
     def _events(self, txn: Any, number: bytes, start: int, stop: int) -> list[bytes]:
@@ -1743,6 +1749,15 @@ class _PartialBatch(Exception):
         self.error = error
 
 
+def path_uri(path: str | os.PathLike[str]) -> str:
+    """Return the ``lmdb://`` URI of a store directory, which ``open_store`` reads back.
+
+    The absolute path, percent-quoted: a space, ``#``, ``?`` or ``%`` in a
+    directory name would otherwise end the path or be read as an escape.
+    """
+    return "lmdb://" + quote(str(Path(path).resolve()))
+
+
 def _lmdb_failure(doing: str, error: lmdb.Error) -> StoreError:
     """Return the error a caller sees when LMDB itself fails, with a hint for its cause."""
     failure: StoreError
@@ -1845,12 +1860,8 @@ def _check_options(
         raise ValueError(f"map_size must be a positive int, not {map_size!r}")
     if map_size > sys.maxsize:
         raise ValueError(f"map_size must be at most {sys.maxsize}, not {map_size}")
-    if (
-        isinstance(flush_interval, bool)
-        or not isinstance(flush_interval, (int, float))
-        or not math.isfinite(flush_interval)
-        or not 0 < flush_interval <= threading.TIMEOUT_MAX
-    ):
+    interval = finite_float(flush_interval)
+    if interval is None or not 0 < interval <= threading.TIMEOUT_MAX:
         raise ValueError(
             "flush_interval must be a finite number of seconds above 0 and at most "
             f"{threading.TIMEOUT_MAX}, not {flush_interval!r}"
