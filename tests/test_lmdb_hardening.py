@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from _stores import APP, USER, ev, snapshot_dir
-from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService
+from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService, open_store
 from sessionscope.codec import pack
 from sessionscope.errors import CorruptStoreError, StoreError, UnsafeStoreError
 from sessionscope.stores import lmdb as lmdb_module
@@ -110,6 +110,28 @@ def test_a_directory_others_may_write_is_refused_unless_allowed(tmp_path: Path) 
     LmdbStore(path, trust_directory=True).close()
     path.chmod(0o700)
     LmdbStore(path).close()
+
+
+def test_verify_and_trust_directory_are_uri_options(tmp_path: Path) -> None:
+    """What the keywords allow, an lmdb:// URI (adk web's --session_service_uri) allows too."""
+    path = tmp_path / "store"
+    _filled_store(path, events=20)
+    path.chmod(0o770)
+    uri = f"lmdb://{path.resolve()}"
+    with pytest.raises(UnsafeStoreError, match="writable by group"):
+        open_store(uri)
+    with pytest.raises(ValueError, match="trust_directory"):
+        open_store(f"{uri}?trust_directory=perhaps")
+    open_store(f"{uri}?trust_directory=yes&verify=true").close()
+    path.chmod(0o700)
+    _flip_a_data_page(path)
+    before = snapshot_dir(path)
+    # The full check runs before LMDB opens the file, so it is what refuses it.
+    with pytest.raises(CorruptStoreError, match="failed verification"):
+        open_store(f"{uri}?verify=1")
+    with pytest.raises(CorruptStoreError, match="MDB_CORRUPTED"):
+        open_store(f"{uri}?verify=no")
+    assert snapshot_dir(path) == before
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")

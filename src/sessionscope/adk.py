@@ -168,7 +168,8 @@ class LmdbSessionService(_AdkService):
     store options (``lmdb:///srv/sessions?durability=deferred``); ``uri`` is
     the same, under the name ADK's ``services.yaml`` route passes it. Keyword
     options (``durability``, ``map_size``, ``flush_interval``, ``file_mode``,
-    ``max_readers``) override those of the query. ``store=`` takes an open
+    ``max_readers``, ``session_ttl``, ``verify``, ``trust_directory``)
+    override those of the query. ``store=`` takes an open
     ``LmdbStore`` instead, for several services over one store in one process
     (LMDB opens a path once per process). ``agents_dir`` is accepted
     because ADK's registry passes it; a relative path resolves against the

@@ -11,6 +11,16 @@ from .memory import MemoryStore
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store"]
 
+
+def _flag(text: str) -> bool:
+    """Read a yes/no URI option; anything but these words is refused."""
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    try:
+        return words[text.lower()]
+    except KeyError:
+        raise ValueError(text) from None
+
+
 # The options an lmdb:// URI may carry in its query, and how each is read.
 _LMDB_OPTIONS: dict[str, Any] = {
     "durability": str,
@@ -19,6 +29,8 @@ _LMDB_OPTIONS: dict[str, Any] = {
     "file_mode": lambda text: int(text, 8),
     "max_readers": int,
     "session_ttl": float,
+    "verify": _flag,
+    "trust_directory": _flag,
 }
 # memory:// takes only this one.
 _MEMORY_OPTIONS: dict[str, Any] = {"session_ttl": float}
