@@ -882,7 +882,7 @@ class Expirer:
     """A background thread that expires idle sessions of a store with ``session_ttl``.
 
     It runs once at start, then every ``min(60, max(1, ttl / 2))`` seconds (at
-    least every second) until ``stop``; an error of one pass is kept in
+    most once a second) until ``stop``; an error of one pass is kept in
     ``last_error`` and the next pass runs all the same.
     """
 
