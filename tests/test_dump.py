@@ -150,8 +150,11 @@ def test_dump_of_one_app_or_one_user(store_factory: StoreFactory, tmp_path: Path
     assert export_dump(source, tmp_path / "pair", app_name=ODD, user_id=ODD) == DumpCounts(
         1, 1, 1, 1
     )
-    assert export_dump(source, tmp_path / "none", app_name="nope") == DumpCounts(1, 0, 0, 0)
+    # An app the store does not hold is not made up: the dump is empty.
+    assert export_dump(source, tmp_path / "none", app_name="nope") == DumpCounts(0, 0, 0, 0)
     target = store_factory.fresh("target")
+    assert import_dump(target, tmp_path / "none") == DumpCounts(0, 0, 0, 0)
+    assert target.list_apps() == []
     import_dump(target, tmp_path / "user")
     assert target.list_apps() == ["shop"]
     assert target.list_users("shop") == ["ada"]

@@ -100,7 +100,8 @@ def export_dump(
     writer = _Writer(partial, compress=target.name.endswith(".gz"), progress=progress)
     try:
         writer.write([MAGIC, DUMP_FORMAT, {"app_name": app_name, "user_id": user_id}])
-        apps = store.list_apps() if app_name is None else [app_name]
+        # An app the store does not know gives an empty dump, not an empty app.
+        apps = [app for app in store.list_apps() if app_name is None or app == app_name]
         for app in apps:
             users = store.list_users(app)
             if user_id is not None:
