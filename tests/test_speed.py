@@ -27,22 +27,25 @@ def test_append_shapes_replay_to_the_store_they_were_recorded_from(tmp_path: Pat
     assert len(shapes) == 5
     # Every append reads before it writes, and writes its event's record.
     for shape in shapes:
-        assert not shape[0][0]
-        assert any(put and db == b"data" for put, db, _, _ in shape)
+        assert shape[0][0] == "get"
+        assert any(what == "put" and db == b"data" for what, db, _, _ in shape)
     # Replaying the puts on an empty environment gives the data the store holds.
     env = lmdb.open(str(tmp_path / "replayed"), max_dbs=6)
-    handles = {name: env.open_db(name) for name in (b"meta", b"sessions", b"shared", b"data")}
+    names = (b"meta", b"sessions", b"shared", b"data", b"listing")
+    handles = {name: env.open_db(name) for name in names}
     with env.begin(write=True) as txn:
         for shape in shapes:
-            for put, db, key, value in shape:
-                if put:
+            for what, db, key, value in shape:
+                if what == "put":
                     txn.put(key, value, db=handles[db])
+                elif what == "delete":
+                    txn.delete(key, db=handles[db])
     stored = lmdb.open(str(tmp_path / "recorded"), max_dbs=6, readonly=True)
     with stored.begin() as txn, env.begin() as mine:
-        for name in (b"shared",):
+        for name in (b"shared", b"listing"):
             theirs = dict(txn.cursor(db=stored.open_db(name, txn=txn)))
             assert dict(mine.cursor(db=handles[name])) == theirs
-        record_keys = {key for shape in shapes for put, db, key, _ in shape if db == b"sessions"}
+        record_keys = {key for shape in shapes for _, db, key, _ in shape if db == b"sessions"}
         sessions = stored.open_db(b"sessions", txn=txn)
         for key in record_keys:
             assert mine.get(key, db=handles[b"sessions"]) == txn.get(key, db=sessions)

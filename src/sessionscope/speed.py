@@ -237,15 +237,20 @@ class _TxnRecorder:
     def __init__(self, txn: Any, names: dict[int, bytes]) -> None:
         self._txn = txn
         self._names = names
-        self.ops: list[tuple[bool, bytes, bytes, bytes]] = []
+        # (what, database, key, value): what is "get", "put" or "delete".
+        self.ops: list[tuple[str, bytes, bytes, bytes]] = []
 
     def get(self, key: bytes, default: Any = None, db: Any = None) -> Any:
-        self.ops.append((False, self._names[id(db)], key, b""))
+        self.ops.append(("get", self._names[id(db)], key, b""))
         return self._txn.get(key, default, db=db)
 
     def put(self, key: bytes, value: bytes, db: Any = None, **options: Any) -> Any:
-        self.ops.append((True, self._names[id(db)], key, value))
+        self.ops.append(("put", self._names[id(db)], key, value))
         return self._txn.put(key, value, db=db, **options)
+
+    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> Any:
+        self.ops.append(("delete", self._names[id(db)], key, value))
+        return self._txn.delete(key, value, db=db)
 
     def cursor(self, db: Any = None) -> Any:
         return self._txn.cursor(db=db)
@@ -254,7 +259,7 @@ class _TxnRecorder:
 class _RecordingStore(LmdbStore):
     """An LMDB store that keeps the gets and puts of each append it makes."""
 
-    shapes: list[list[tuple[bool, bytes, bytes, bytes]]]
+    shapes: list[list[tuple[str, bytes, bytes, bytes]]]
 
     def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
         if not hasattr(self, "shapes"):
@@ -284,18 +289,21 @@ def _raw_samples(shapes: list[list[Any]], path: Path, durable: bool) -> list[int
         str(path), map_size=1 << 30, max_dbs=6, sync=durable, metasync=True, readahead=False
     )
     try:
-        handles = {name: env.open_db(name) for name in (b"meta", b"sessions", b"shared", b"data")}
-        plans = [[(put, handles[db], key, value) for put, db, key, value in s] for s in shapes]
+        names = (b"meta", b"sessions", b"shared", b"data", b"listing")
+        handles = {name: env.open_db(name) for name in names}
+        plans = [[(what, handles[db], key, value) for what, db, key, value in s] for s in shapes]
         clock = time.perf_counter_ns
         samples = []
         for plan in plans:
             begin = clock()
             with env.begin(write=True) as txn:
-                for put, handle, key, value in plan:
-                    if put:
+                for what, handle, key, value in plan:
+                    if what == "put":
                         txn.put(key, value, db=handle)
-                    else:
+                    elif what == "get":
                         txn.get(key, db=handle)
+                    else:
+                        txn.delete(key, db=handle)
             samples.append(clock() - begin)
         return samples
     finally:

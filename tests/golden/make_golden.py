@@ -1,10 +1,10 @@
-"""Write the golden store of format 1 that tests/test_golden.py reads back.
+"""Write the golden store that tests/test_golden.py reads back, in the current format.
 
 Run it only to add a golden store for a new format version; a committed
 store is never rewritten, since its point is to be what an earlier version
-wrote:
+wrote (format-1 by version 1 of the layout, format-2 by version 2):
 
-    python tests/golden/make_golden.py tests/golden/format-1
+    python tests/golden/make_golden.py tests/golden/format-2
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ under LMDB's 511-byte limit while ids may be 4 KiB):
               number b"i" part(event id) -> seq
               number b"t" sortable(timestamp) seq -> b""
               number b"s" part(key) -> packed value                (session state)
+    listing   part(app) sortable(last_update_time) number -> the session's key
+              (format 2 only: the list index, one entry per session)
 
 ``number`` is an 8-byte session number that is never reused, ``seq`` the
 8-byte position of an event in its session. Everything a session owns sits
@@ -77,6 +79,7 @@ from .base import (
     Expirer,
     InlineAsyncStore,
     Items,
+    ListPosition,
     LoadedSession,
     Pending,
     SessionCopy,
@@ -89,6 +92,8 @@ from .base import (
     event_copy,
     events_seen,
     finish_all,
+    list_position,
+    page_records,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore"]
@@ -96,10 +101,12 @@ __all__ = ["FORMAT_VERSION", "LmdbStore"]
 T = TypeVar("T")
 Durability = Literal["sync", "deferred"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 DEFAULT_MAP_SIZE = 64 << 20
 _DB_NAMES = (b"meta", b"sessions", b"shared", b"data")
+# Format 2 adds the list index; a store of format 1 is read and written as it is.
+_LISTING = b"listing"
 _APP, _USER = b"a", b"u"
 _EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
 _FORMAT_KEY = b"format"
@@ -269,6 +276,8 @@ class LmdbStore:
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
+        # The format the store was written in (read at open); see FORMAT_VERSION.
+        self.format = FORMAT_VERSION
         try:
             self._check_files(trust_directory)
             self._probe(self.path, verify)
@@ -299,6 +308,7 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
+        self._listing = self._dbs.get(_LISTING)
         # Writes waiting for the group commit, in arrival order.
         self._writes: deque[_Queued] = deque()
         # Wakes the writer thread, only when a write waits that no calling
@@ -506,10 +516,15 @@ class LmdbStore:
                 try:
                     if txn.cursor().first():
                         # Opening existing handles changes nothing on disk.
-                        dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
-                        _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
+                        meta = env.open_db(b"meta", txn=txn, create=False)
+                        self.format = _check_format(self.path, txn.get(_FORMAT_KEY, db=meta))
+                        dbs = {
+                            name: env.open_db(name, txn=txn, create=False)
+                            for name in _db_names(self.format)
+                        }
                     else:
-                        dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
+                        self.format = FORMAT_VERSION
+                        dbs = {name: env.open_db(name, txn=txn) for name in _db_names(self.format)}
                         header = {"magic": MAGIC, "format": FORMAT_VERSION}
                         meta = dbs[b"meta"]
                         txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=meta)
@@ -613,7 +628,8 @@ class LmdbStore:
             # A write transaction: handles opened in a read one do not outlive it.
             with self._env.begin(write=True) as txn:
                 self._dbs = {
-                    name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
+                    name: self._env.open_db(name, txn=txn, create=False)
+                    for name in _db_names(self.format)
                 }
         except BaseException as error:
             # The store cannot be used again; say so to every later call.
@@ -624,6 +640,7 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
+        self._listing = self._dbs.get(_LISTING)
 
     def _read(self, action: Callable[[Any], T]) -> T:
         self._check_open()
@@ -814,6 +831,25 @@ class LmdbStore:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
         txn.put(key, pack(record.to_list()), db=self._sessions)
 
+    def _relist(self, txn: Any, record: SessionRecord, old_time: float | None) -> None:
+        """Move a session's list index entry to its last update time (None: a new session)."""
+        if self._listing is None:
+            return
+        key = _list_key(record)
+        if old_time is not None:
+            app = _part(record.app_name)
+            old = app + _sortable_time(old_time) + key[-8:]
+            if old == key:
+                return
+            txn.delete(old, db=self._listing)
+        ids = (record.app_name, record.user_id, record.session_id)
+        txn.put(key, b"".join(_part(text) for text in ids), db=self._listing)
+
+    def _unlist(self, txn: Any, record: SessionRecord) -> None:
+        """Remove a session's list index entry."""
+        if self._listing is not None:
+            txn.delete(_list_key(record), db=self._listing)
+
     def _put_items(self, txn: Any, handle: Any, owner: bytes, items: Items) -> None:
         for key, value in _item_entries(owner, items):
             txn.put(key, value, db=handle)
@@ -912,6 +948,7 @@ class LmdbStore:
             txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
             self._put_record(txn, record)
+            self._relist(txn, record, None)
             self._put_items(txn, self._data, _U64.pack(number) + _STATE, session_items)
             self._put_items(txn, self._shared, _APP + _part(app_name), app_items)
             self._put_items(txn, self._shared, _USER + _part(app_name) + _part(user_id), user_items)
@@ -976,6 +1013,70 @@ class LmdbStore:
 
         return self._read(scan)
 
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions in listing order; see ``Store.list_page``.
+
+        With the list index (format 2) a page of an app reads its own
+        entries only, from ``after``'s time on: one index entry and one
+        record per session, plus every session that shares a time with the
+        page's last (a run of equal times is sorted by ids). One user's
+        sessions, a whole listing, and stores of format 1 are read whole
+        and sorted.
+        """
+        listing = self._listing
+        if listing is None or user_id is not None or limit is None:
+            return page_records(self.list_sessions(app_name, user_id), limit, after)
+        app = _part(app_name)
+        width = len(app) + 16
+
+        def runs(cursor: Any) -> Iterator[list[bytes]]:
+            """Yield the session keys of the app's entries, one list per run of equal times."""
+            run: list[bytes] = []
+            stamp = b""
+            for key, value in cursor.iternext():
+                if len(key) != width or not key.startswith(app):
+                    break
+                this = key[len(app) : len(app) + 8]
+                if this != stamp and run:
+                    yield run
+                    run = []
+                stamp = this
+                run.append(value)
+            if run:
+                yield run
+
+        def read(txn: Any) -> tuple[list[SessionRecord], bool]:
+            cursor = txn.cursor(db=listing)
+            start = app if after is None else app + _sortable_time(after[0])
+            page: list[SessionRecord] = []
+            if not cursor.set_range(start):
+                return page, False
+            for run in runs(cursor):
+                records = []
+                for key in run:
+                    value = txn.get(key, db=self._sessions)
+                    if value is None:
+                        raise CorruptStoreError(
+                            f"the list index of app {app_name!r} names a session that is gone",
+                            hint="run 'sessionscope verify' on the store",
+                        )
+                    records.append(_record_from(value))
+                records.sort(key=list_position)
+                if after is not None:
+                    records = [r for r in records if list_position(r) > after]
+                page.extend(records)
+                if len(page) > limit:
+                    break
+            return page[:limit], len(page) > limit
+
+        return self._read(read)
+
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session with its state and events; a missing one is a no-op."""
 
@@ -985,6 +1086,7 @@ class LmdbStore:
                 return
             key = _part(app_name) + _part(user_id) + _part(session_id)
             txn.delete(key, db=self._sessions)
+            self._unlist(txn, record)
             prefix = _U64.pack(record.number)
             cursor = txn.cursor(db=self._data)
             if cursor.set_range(prefix):
@@ -1024,8 +1126,10 @@ class LmdbStore:
             self._put_items(txn, self._data, number + _STATE, request.session_items)
         for key, value in _event_entries(number, id_key, record, request):
             txn.put(key, value, db=data)
+        old_time = record.last_update_time
         record.advance(request.event_id, request.timestamp)
         self._put_record(txn, record)
+        self._relist(txn, record, old_time)
         result = AppendResult(record.marker, record.last_update_time)
         if not request.catch_up:
             return result
@@ -1051,7 +1155,8 @@ class LmdbStore:
         def append_all(txn: Any) -> list[AppendResult]:
             data, shared = self._data, self._shared
             results: list[AppendResult] = []
-            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes]] = {}
+            # Each session's record, number and last update time before the batch.
+            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes, float]] = {}
             data_puts: list[tuple[bytes, bytes]] = []
             shared_puts: list[tuple[bytes, bytes]] = []
             # Events of this batch by id key: not yet in the store, seen by repeats.
@@ -1062,11 +1167,12 @@ class LmdbStore:
                 if known is None:
                     found = self._record(txn, *ids)
                     if found is not None:
-                        known = records[ids] = (found, _U64.pack(found.number))
+                        known = (found, _U64.pack(found.number), found.last_update_time)
+                        records[ids] = known
                 record: SessionRecord | None = None
                 stored = None
                 if known is not None:
-                    record, number = known
+                    record, number, _ = known
                     id_key = number + _EVENT_ID + _unique_part(request.event_id)
                     stored = batch_events.get(id_key)
                     if stored is None:
@@ -1094,8 +1200,9 @@ class LmdbStore:
             for handle, puts in ((data, data_puts), (shared, shared_puts)):
                 if puts:
                     txn.cursor(db=handle).putmulti(puts)
-            for record, _ in records.values():
+            for record, _, old_time in records.values():
                 self._put_record(txn, record)
+                self._relist(txn, record, old_time)
             return results
 
         try:
@@ -1247,6 +1354,7 @@ class LmdbStore:
                 record = _record_from(cursor.value())
                 if idle_before is None or record.last_update_time < idle_before:
                     txn.put(_PURGE + _U64.pack(record.number), b"", db=meta)
+                    self._unlist(txn, record)
                     # delete() moves to the next entry; past the last, key() is empty.
                     positioned = cursor.delete() and bool(cursor.key())
                     removed += 1
@@ -1382,6 +1490,7 @@ class LmdbStore:
                 last,
             )
             self._put_record(txn, record)
+            self._relist(txn, record, None)
             owner = _U64.pack(number)
             self._put_items(txn, self._data, owner + _STATE, copy.session_items)
             puts: list[tuple[bytes, bytes]] = []
@@ -1509,7 +1618,7 @@ class LmdbStore:
                 "map_size": info["map_size"],
                 "last_pgno": info["last_pgno"],
                 "entries": {
-                    name.decode(): txn.stat(self._dbs[name])["entries"] for name in _DB_NAMES
+                    name.decode(): txn.stat(handle)["entries"] for name, handle in self._dbs.items()
                 },
             }
 
@@ -1528,13 +1637,17 @@ class LmdbStore:
         record and lies below its count, and the number of them is the
         record's; every event has an id index entry and a time index entry
         pointing back at it, and every index entry points at an event that
-        has that id or time; no data lies under a number without a record.
-        ``progress(done, total)`` is called as records are checked.
+        has that id or time; no data lies under a number without a record;
+        in format 2, every session has one list index entry, at its app,
+        last update time and number, naming its key, and no other entry is
+        there. ``progress(done, total)`` is called as records are checked.
         """
 
         def check(txn: Any) -> list[str]:
             problems: list[str] = []
             records: dict[bytes, SessionRecord] = {}
+            # The list index entry each record should have: key -> (its key, label).
+            listed: dict[bytes, tuple[bytes, str]] = {}
             meta = self._dbs[b"meta"]
             (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
             for key, value in txn.cursor(db=self._sessions):
@@ -1549,6 +1662,9 @@ class LmdbStore:
                 if record.number >= next_number:
                     problems.append(f"{label}: number {record.number} is not below the counter")
                 records[number] = record
+                listed[_list_key(record)] = (key, label)
+            if self._listing is not None:
+                self._check_listing(txn, listed, problems)
             # Numbers queued for purging lost their record on purpose.
             purging: set[bytes] = set()
             queue = txn.cursor(db=meta)
@@ -1587,6 +1703,24 @@ class LmdbStore:
             return problems
 
         return self._read(check)
+
+    def _check_listing(
+        self, txn: Any, listed: dict[bytes, tuple[bytes, str]], problems: list[str]
+    ) -> None:
+        """Check the list index against the session records (``listed``: what it should hold)."""
+        found: set[bytes] = set()
+        for key, value in txn.cursor(db=self._listing):
+            wanted = listed.get(key)
+            if wanted is None or wanted[0] != value:
+                problems.append(
+                    f"a list index entry (time and number {key[-16:].hex()}) names no session "
+                    "of that time"
+                )
+            else:
+                found.add(key)
+        for key, (_, label) in listed.items():
+            if key not in found:
+                problems.append(f"{label}: missing from the list index")
 
     @staticmethod
     def _check_group(
@@ -1657,7 +1791,7 @@ class LmdbStore:
         def gather(txn: Any) -> dict[str, int]:
             info = self._env.info()
             main = self._env.stat()
-            used = _pages(main) + sum(_pages(txn.stat(self._dbs[name])) for name in _DB_NAMES)
+            used = _pages(main) + sum(_pages(txn.stat(handle)) for handle in self._dbs.values())
             pages = info["last_pgno"] + 1
             return {
                 "file_size": (self.path / "data.mdb").stat().st_size,
@@ -2014,8 +2148,8 @@ def _verify_file(data: Path) -> None:
         raise CorruptStoreError(f"{data} failed verification: {shown}{more}")
 
 
-def _check_format(path: Path, header: bytes | None) -> None:
-    """Refuse a store of another format; say which."""
+def _check_format(path: Path, header: bytes | None) -> int:
+    """Return the store's format version; refuse one this version cannot read, saying which."""
     if header is None:
         raise IncompatibleStoreError(
             f"{path} holds an LMDB database without a format record",
@@ -2042,6 +2176,22 @@ def _check_format(path: Path, header: bytes | None) -> None:
             f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
             hint="upgrade sessionscope",
         )
+    return version
+
+
+def _db_names(version: int) -> tuple[bytes, ...]:
+    """Return the named databases a store of ``version`` holds."""
+    return _DB_NAMES if version == 1 else (*_DB_NAMES, _LISTING)
+
+
+def _list_key(record: SessionRecord) -> bytes:
+    """Return the list index key of a session: app, last update time, number.
+
+    Within one time the order of the numbers is not the listing order; a
+    page sorts each run of equal times by its ids (see ``LmdbStore.list_page``).
+    """
+    app = _part(record.app_name)
+    return app + _sortable_time(record.last_update_time) + _U64.pack(record.number)
 
 
 def _after(prefix: bytes) -> bytes | None:
