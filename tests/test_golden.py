@@ -14,7 +14,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from golden.make_golden import APP, ODD_ID, VALUES
+from golden.make_golden import APP, LATE_APP, LATE_TIMES, ODD_ID, VALUES
 from sessionscope import (
     Event,
     EventActions,
@@ -106,3 +106,22 @@ def test_the_golden_store_takes_new_appends(service: SyncSessionService) -> None
     rest = service.list_sessions(app_name=APP, limit=1, cursor=page.next_cursor)
     assert [(m.user_id, m.id) for m in rest.sessions] == [("ada", "s1")]
     assert service.store.check_layout() == []  # type: ignore[attr-defined]
+
+
+def test_format_2_keeps_a_time_index_only_where_times_went_back(tmp_path: Path) -> None:
+    copy = tmp_path / "store"
+    copy.mkdir()
+    shutil.copy(GOLDEN / "format-2" / "data.mdb", copy / "data.mdb")
+    with SyncSessionService(LmdbStore(copy)) as service:
+        late = service.get_session(
+            app_name=LATE_APP,
+            user_id="cy",
+            session_id="late",
+            config=GetSessionConfig(after_timestamp=1_700_000_025.0),
+        )
+        assert late is not None and [e.id for e in late.events] == ["l1", "l3"]
+        assert [e.timestamp for e in late.events] == [LATE_TIMES[1], LATE_TIMES[3]]
+        (record,) = service.store.list_sessions(LATE_APP, None)
+        assert record.time_indexed
+        (ada, odd) = sorted(service.store.list_sessions(APP, None), key=lambda r: r.user_id)
+        assert not ada.time_indexed and not odd.time_indexed

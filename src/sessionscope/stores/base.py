@@ -207,6 +207,10 @@ class SessionRecord:
     # stored are ``event_count - removed_count``. Records of format 1 have
     # the eight fields above; this one is written only once it is not zero.
     removed_count: int = 0
+    # Whether the store keeps a time index for this session (LMDB format 2
+    # keeps one only once an event arrived out of time order); written after
+    # removed_count, only when true.
+    time_indexed: bool = False
 
     @property
     def marker(self) -> str:
@@ -242,7 +246,13 @@ class SessionRecord:
             self.last_update_time,
             self.event_count,
             self.last_event_id,
-        ] + ([self.removed_count] if self.removed_count else [])
+        ] + (
+            [self.removed_count, True]
+            if self.time_indexed
+            else [self.removed_count]
+            if self.removed_count
+            else []
+        )
 
     @classmethod
     def from_list(cls, fields: list[Any]) -> SessionRecord:

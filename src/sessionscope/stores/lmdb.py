@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from functools import lru_cache, partial
 from hashlib import blake2b
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -181,20 +181,32 @@ def _item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
 
 
 def _event_entries(
-    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest
+    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest, timed: bool
 ) -> tuple[tuple[bytes, bytes], ...]:
     """Return the data entries of an event appended as the session's next one.
 
     The record (after its timestamp, which an ``after_timestamp`` read checks
-    first), its id index entry and its time index entry.
+    first), its id index entry and, when the session keeps one (``timed``),
+    its time index entry.
     """
     seq = _U64.pack(record.event_count)
     timestamp = request.timestamp
-    return (
+    entries = (
         (number + _EVENT + seq, _F64.pack(timestamp) + request.event),
         (id_key, seq),
-        (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""),
     )
+    if not timed:
+        return entries
+    return (*entries, (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""))
+
+
+def _in_time_order(record: SessionRecord, timestamp: float) -> bool:
+    """Return whether an event at ``timestamp`` keeps the session's events in time order.
+
+    ``last_update_time`` is the last event's time, or later (a restored
+    session whose copy said so): comparing with it never misses a step back.
+    """
+    return not record.stored_count or timestamp >= record.last_update_time
 
 
 class _Gate:
@@ -831,6 +843,31 @@ class LmdbStore:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
         txn.put(key, pack(record.to_list()), db=self._sessions)
 
+    def _timed(self, record: SessionRecord) -> bool:
+        """Return whether the store keeps a time index for the session.
+
+        Format 1 keeps one for every session; format 2 only for sessions that
+        received an event out of time order (the others' events are in time
+        order, so their positions are the index).
+        """
+        return self.format == 1 or record.time_indexed
+
+    def _start_time_index(self, txn: Any, record: SessionRecord) -> None:
+        """Give a session going out of time order a time index of the events it stores."""
+        number = _U64.pack(record.number)
+        prefix = number + _EVENT
+        cursor = txn.cursor(db=self._data)
+        entries: list[tuple[bytes, bytes]] = []
+        if cursor.set_range(prefix):
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                stamp = _sortable_time(_F64.unpack_from(value)[0])
+                entries.append((number + _EVENT_TIME + stamp + key[9:17], b""))
+        if entries:
+            txn.cursor(db=self._data).putmulti(entries)
+        record.time_indexed = True
+
     def _relist(self, txn: Any, record: SessionRecord, old_time: float | None) -> None:
         """Move a session's list index entry to its last update time (None: a new session)."""
         if self._listing is None:
@@ -901,7 +938,13 @@ class LmdbStore:
         return values
 
     def _events_after(
-        self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
+        self,
+        txn: Any,
+        number: bytes,
+        count: int,
+        num_recent: int | None,
+        after: float,
+        timed: bool,
     ) -> list[bytes]:
         cursor = txn.cursor(db=self._data)
         if num_recent is not None:
@@ -911,6 +954,8 @@ class LmdbStore:
                 return []
             values = islice(cursor.iternext(keys=False), count - start)
             return [v[8:] for v in values if _F64.unpack_from(v)[0] >= after]
+        if not timed:
+            return self._events_from_time(cursor, number, count, after)
         # Only the index entries at or after the time are read.
         prefix = number + _EVENT_TIME
         seqs: list[bytes] = []
@@ -922,6 +967,37 @@ class LmdbStore:
         seqs.sort()
         event = number + _EVENT
         return [cursor.get(event + seq)[8:] for seq in seqs]
+
+    @staticmethod
+    def _events_from_time(cursor: Any, number: bytes, count: int, after: float) -> list[bytes]:
+        """Return the events at or after ``after`` of a session whose events are in time order.
+
+        A binary search over positions (with gaps after a truncation) finds
+        the first such event in about log2(count) seeks; the rest follow it.
+        """
+        prefix = number + _EVENT
+        low, high = 0, count
+        # Invariant: stored events before ``low`` are earlier than ``after``,
+        # stored events from ``high`` on are not.
+        while low < high:
+            middle = (low + high) // 2
+            if not cursor.set_range(prefix + _U64.pack(middle)) or not cursor.key().startswith(
+                prefix
+            ):
+                high = middle
+                continue
+            if _F64.unpack_from(cursor.value())[0] < after:
+                low = _U64.unpack(cursor.key()[9:17])[0] + 1
+            else:
+                high = middle
+        if not cursor.set_range(prefix + _U64.pack(low)):
+            return []
+        values: list[bytes] = []
+        for key, value in cursor.iternext():
+            if not key.startswith(prefix):
+                break
+            values.append(value[8:])
+        return values
 
     # -- the Store protocol ----------------------------------------------
 
@@ -978,7 +1054,9 @@ class LmdbStore:
                 low = -math.inf if after_timestamp is None else after_timestamp
                 events = [v[8:] for v in recent if _F64.unpack_from(v)[0] >= low]
             elif after_timestamp is not None:
-                events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
+                events = self._events_after(
+                    txn, number, count, num_recent_events, after_timestamp, self._timed(record)
+                )
             elif num_recent_events is not None:
                 events = self._events(txn, number, max(0, count - num_recent_events), count)
             else:
@@ -1124,7 +1202,11 @@ class LmdbStore:
             self._put_items(txn, self._shared, owner, request.user_items)
         if request.session_items:
             self._put_items(txn, self._data, number + _STATE, request.session_items)
-        for key, value in _event_entries(number, id_key, record, request):
+        timed = self._timed(record)
+        if not timed and not _in_time_order(record, request.timestamp):
+            self._start_time_index(txn, record)
+            timed = True
+        for key, value in _event_entries(number, id_key, record, request, timed):
             txn.put(key, value, db=data)
         old_time = record.last_update_time
         record.advance(request.event_id, request.timestamp)
@@ -1191,7 +1273,15 @@ class LmdbStore:
                     shared_puts.extend(_item_entries(owner, request.user_items))
                 if request.session_items:
                     data_puts.extend(_item_entries(number + _STATE, request.session_items))
-                data_puts.extend(_event_entries(number, id_key, record, request))
+                timed = self._timed(record)
+                if not timed and not _in_time_order(record, request.timestamp):
+                    # The index is built from what the transaction holds: write the batch so far.
+                    if data_puts:
+                        txn.cursor(db=data).putmulti(data_puts)
+                        data_puts.clear()
+                    self._start_time_index(txn, record)
+                    timed = True
+                data_puts.extend(_event_entries(number, id_key, record, request, timed))
                 batch_events[id_key] = request.event
                 record.advance(request.event_id, request.timestamp)
                 results.append(AppendResult(record.marker, record.last_update_time))
@@ -1258,6 +1348,7 @@ class LmdbStore:
             if not first:
                 first.append(record.number)
             number = _U64.pack(record.number)
+            timed = self._timed(record)
             started = time.monotonic()
             cursor = txn.cursor(db=self._data)
             doomed: list[tuple[bytes, float]] = []  # (seq, timestamp)
@@ -1269,6 +1360,18 @@ class LmdbStore:
                         if not key.startswith(prefix) or len(doomed) >= wanted:
                             break
                         doomed.append((key[9:], _F64.unpack_from(value)[0]))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            elif not timed:
+                # Events in time order: the earliest are the first positions.
+                prefix = number + _EVENT
+                if cursor.set_range(prefix):
+                    for key, value in cursor.iternext():
+                        if not key.startswith(prefix) or len(doomed) >= BATCH_EVENTS:
+                            break
+                        if _F64.unpack_from(value)[0] >= before:
+                            break
+                        doomed.append((key[9:], 0.0))
                         if time.monotonic() - started > BATCH_SECONDS:
                             break
             else:
@@ -1291,7 +1394,8 @@ class LmdbStore:
                 timestamp = _F64.unpack_from(value)[0]
                 event_id = event_copy(value[8:], timestamp).event_id
                 txn.delete(number + _EVENT + seq, db=data)
-                txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
+                if timed:
+                    txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
                 txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
                 removed += 1
                 if time.monotonic() - started > BATCH_SECONDS:
@@ -1479,6 +1583,11 @@ class LmdbStore:
             (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
             txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
             last = copy.events[-1].event_id if copy.events else None
+            stamps = [event.timestamp for event in copy.events]
+            # In time order, and no later than the record's time: no time index (format 2).
+            ordered = all(a <= b for a, b in pairwise(stamps)) and (
+                not stamps or stamps[-1] <= copy.last_update_time
+            )
             record = SessionRecord(
                 copy.app_name,
                 copy.user_id,
@@ -1488,7 +1597,9 @@ class LmdbStore:
                 copy.last_update_time,
                 len(copy.events),
                 last,
+                time_indexed=self.format > 1 and not ordered,
             )
+            timed = self._timed(record)
             self._put_record(txn, record)
             self._relist(txn, record, None)
             owner = _U64.pack(number)
@@ -1497,7 +1608,8 @@ class LmdbStore:
             for seq, value, id_part, stamp in entries:
                 puts.append((owner + _EVENT + seq, value))
                 puts.append((owner + _EVENT_ID + id_part, seq))
-                puts.append((owner + _EVENT_TIME + stamp + seq, b""))
+                if timed:
+                    puts.append((owner + _EVENT_TIME + stamp + seq, b""))
             if puts:
                 txn.cursor(db=self._data).putmulti(puts)
             return True
@@ -1635,12 +1747,14 @@ class LmdbStore:
         Every session record sits under the key of its own ids and has a
         number of its own below the counter; every event entry belongs to a
         record and lies below its count, and the number of them is the
-        record's; every event has an id index entry and a time index entry
-        pointing back at it, and every index entry points at an event that
-        has that id or time; no data lies under a number without a record;
-        in format 2, every session has one list index entry, at its app,
-        last update time and number, naming its key, and no other entry is
-        there. ``progress(done, total)`` is called as records are checked.
+        record's; every event has an id index entry and (where the session
+        keeps a time index) a time index entry pointing back at it, and every
+        index entry points at an event that has that id or time; a session
+        without a time index has its events in time order; no data lies
+        under a number without a record; in format 2, every session has one
+        list index entry, at its app, last update time and number, naming
+        its key, and no other entry is there. ``progress(done, total)`` is
+        called as records are checked.
         """
 
         def check(txn: Any) -> list[str]:
@@ -1683,7 +1797,9 @@ class LmdbStore:
                 if key[:8] != current and group:
                     done += 1
                     if current not in purging:
-                        self._check_group(current, group, records.get(current), problems)
+                        self._check_group(
+                            current, group, records.get(current), problems, self.format
+                        )
                     seen.add(current)
                     group = []
                     if progress is not None:
@@ -1691,7 +1807,7 @@ class LmdbStore:
                 current = key[:8]
                 group.append((key, value))
             if group and current not in purging:
-                self._check_group(current, group, records.get(current), problems)
+                self._check_group(current, group, records.get(current), problems, self.format)
                 seen.add(current)
             for number, record in records.items():
                 if number not in seen and record.stored_count:
@@ -1728,8 +1844,13 @@ class LmdbStore:
         entries: list[tuple[bytes, bytes]],
         record: SessionRecord | None,
         problems: list[str],
+        version: int,
     ) -> None:
-        """Check the data entries of one session number against its record."""
+        """Check the data entries of one session number against its record.
+
+        A session keeps a time index in format 1, and in format 2 when its
+        record says so; without one, its events must be in time order.
+        """
         if record is None:
             problems.append(
                 f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
@@ -1757,6 +1878,15 @@ class LmdbStore:
                 times.add(key[9:])
             elif kind != _STATE:
                 problems.append(f"{label}: an entry of unknown kind {kind!r}")
+        timed = version == 1 or record.time_indexed
+        if not timed and times:
+            problems.append(f"{label}: {len(times)} time index entries, but it keeps no time index")
+        previous = b""
+        for seq in sorted(events):
+            if not timed and events[seq][0] < previous:
+                position = _U64.unpack(seq)[0]
+                problems.append(f"{label}: event {position} is earlier than the one before it")
+            previous = events[seq][0]
         counted = record.stored_count
         if len(events) != counted:
             problems.append(f"{label}: counts {counted} events, stores {len(events)}")
@@ -1766,7 +1896,7 @@ class LmdbStore:
                 problems.append(f"{label}: event {position} lies past the record's count")
             if ids.get(id_part) != seq:
                 problems.append(f"{label}: event {position} is missing from the id index")
-            if stamp + seq not in times:
+            if timed and stamp + seq not in times:
                 problems.append(f"{label}: event {position} is missing from the time index")
         for id_part, seq in ids.items():
             if seq not in events or events[seq][1] != id_part:
