@@ -288,6 +288,9 @@ class LmdbStore:
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
+        # Whether this store writes through a writable map (see _open_env).
+        self.writemap = False
+        self._writemap_allowed = True
         # The format the store was written in (read at open); see FORMAT_VERSION.
         self.format = FORMAT_VERSION
         try:
@@ -357,10 +360,56 @@ class LmdbStore:
         self._writer.start()
 
     def _open_env(self, map_size: int) -> Any:
+        """Open the environment: deferred stores through a writable map where it is safe.
+
+        A writable map makes a commit cheaper (LMDB writes pages in place
+        instead of a pwrite per dirty page), but a write through the map to a
+        block the filesystem cannot allocate kills the process with SIGBUS.
+        So a deferred store maps writably only once the data file's blocks
+        are reserved up to the map size (``posix_fallocate``, again on every
+        growth and adoption); where that fails or is unsupported it opens as
+        before. Durable stores never do: LMDB then syncs by msync over the
+        whole map, so a durable commit would grow slower as the store grows.
+        """
+        if self.durability == "deferred" and self._writemap_allowed:
+            try:
+                # LMDB sizes the file to the map at once (sparsely): a file
+                # size limit can refuse that; the plain open below says why.
+                env = self._open_plain(map_size, writemap=True)
+            except StoreError:
+                env = None
+            try:
+                if env is not None:
+                    self._preallocate(env.info()["map_size"])
+                    self.writemap = True
+                    return env
+            except (StoreError, lmdb.Error):
+                # Unsupported here or no room: the mode without, which never faults.
+                env.close()
+            self._writemap_allowed = False
+        self.writemap = False
+        return self._open_plain(map_size, writemap=False)
+
+    def _preallocate(self, size: int) -> None:
+        """Reserve the data file's blocks up to ``size`` bytes; StoreError when the OS refuses."""
+        allocate = getattr(os, "posix_fallocate", None)
+        if allocate is None:
+            raise StoreError("posix_fallocate is not available on this platform")
         try:
-            # No writable map: it would make a small commit cheaper, but LMDB
-            # then syncs by msync over the whole map, so a durable commit
-            # would grow slower as the store grows.
+            fd = os.open(self.path / "data.mdb", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                allocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise StoreError(
+                f"reserving {size} bytes of disk for the map of {self.path} failed: {error}",
+                hint="check free disk space and file size limits; "
+                "what was stored before this call is intact",
+            ) from error
+
+    def _open_plain(self, map_size: int, writemap: bool) -> Any:
+        try:
             return _open_adopting(
                 str(self.path),
                 map_size=map_size,
@@ -371,6 +420,7 @@ class LmdbStore:
                 sync=self.durability == "sync",
                 metasync=True,
                 readahead=False,
+                writemap=writemap,
                 mode=self._file_mode,
             )
         except lmdb.InvalidError as error:
@@ -605,6 +655,14 @@ class LmdbStore:
                 hint="the OS refused the address space (ulimit -v, overcommit settings)",
             ) from error
         self._map_size = self._env.info()["map_size"]
+        if self.writemap:
+            try:
+                # A process without a writable map grows the map, not the file.
+                self._preallocate(self._map_size)
+            except StoreError:
+                # No room for it: map again without writing through the map.
+                self._writemap_allowed = False
+                self._reopen(self._map_size)
 
     def _grow(self, seen: int) -> None:
         """Double the map after a transaction that saw ``seen`` bytes of it ran out.
@@ -615,6 +673,9 @@ class LmdbStore:
         def double() -> None:
             if self._released or self._map_size != seen:
                 return  # closed (_begin says so), or grown by another writer
+            if self.writemap:
+                # Blocks first: the map never reaches past what is reserved.
+                self._preallocate(seen * 2)
             try:
                 self._env.set_mapsize(seen * 2)
             except (lmdb.Error, OverflowError) as error:
