@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
 import pytest
 
-from _stores import APP, StoreFactory, ev, lmdb_factory, store_factory  # noqa: F401
-from sessionscope import LmdbStore, SyncSessionService
+from _stores import APP, StoreFactory, child_env, ev, lmdb_factory, store_factory  # noqa: F401
+from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService
+from sessionscope.errors import StoreError
 from sessionscope.stores.base import SessionCopy, list_position, page_records
 
 GOLDEN_1 = Path(__file__).parent / "golden" / "format-1"
@@ -165,3 +169,85 @@ def test_a_format_1_store_lists_and_appends_as_it_is(tmp_path: Path) -> None:
 def test_bad_page_sizes_are_refused_before_reading(tmp_path: Path, limit: object) -> None:
     with SyncSessionService(LmdbStore(tmp_path / "store")) as service, pytest.raises(ValueError):
         service.list_sessions(app_name=APP, limit=limit)  # type: ignore[arg-type]
+
+
+def _golden_1_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "store"
+    copy.mkdir()
+    shutil.copy(GOLDEN_1 / "data.mdb", copy / "data.mdb")
+    return copy
+
+
+def test_upgrade_gives_a_format_1_store_the_list_index(tmp_path: Path) -> None:
+    path = _golden_1_copy(tmp_path)
+    assert LmdbStore.upgrade(path) == 1
+    store = LmdbStore(path)
+    try:
+        assert store.format == 2
+        assert store.check_layout() == []
+        assert store.stat()["entries"]["listing"] == 2
+        whole = page_records(store.list_sessions("golden", None), None, None)[0]
+        assert store.list_page("golden", None, 1, None) == (whole[:1], True)
+        service = SyncSessionService(store)
+        session = service.get_session(app_name="golden", user_id="ada", session_id="s1")
+        assert session is not None
+        # Format 1 indexed every session by time: the index stays and stays in use.
+        service.append_event(session, ev(ts=1_600_000_000.0))
+        late = service.get_session(
+            app_name="golden",
+            user_id="ada",
+            session_id="s1",
+            config=GetSessionConfig(after_timestamp=1_700_000_003.0),
+        )
+        assert late is not None and [e.id for e in late.events] == ["e3", "e4"]
+        assert store.check_layout() == []
+        first = store.list_page("golden", None, 1, None)[0][0]
+        assert (first.user_id, first.session_id) == ("ada", "s1")
+    finally:
+        store.close()
+    assert LmdbStore.upgrade(path) == 2  # again: nothing to do
+
+
+def test_upgrade_is_refused_while_another_process_has_the_store_open(tmp_path: Path) -> None:
+    path = _golden_1_copy(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_OPEN, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreError, match="open in another process"):
+            LmdbStore.upgrade(path)
+    finally:
+        holder.communicate("", timeout=30)
+    store = LmdbStore(path)
+    try:
+        assert store.format == 1 and store.check_layout() == []
+    finally:
+        store.close()
+
+
+_HOLD_OPEN = """
+import sys
+from sessionscope import LmdbStore
+store = LmdbStore(sys.argv[1])
+print("open", flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+def test_the_upgrade_command(tmp_path: Path) -> None:
+    path = _golden_1_copy(tmp_path)
+    command = [sys.executable, "-m", "sessionscope", "upgrade", f"lmdb://{path}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), check=False)
+    assert done.returncode == 0, done.stderr
+    assert "from format 1 to format 2" in done.stdout
+    again = subprocess.run(
+        [*command, "--json"], capture_output=True, text=True, env=child_env(), check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"path": str(path), "format_before": 2, "format": 2}

@@ -2058,6 +2058,57 @@ class LmdbStore:
                 shutil.rmtree(temp, ignore_errors=True)
             return before, data.stat().st_size
 
+    @classmethod
+    def upgrade(cls, path: str | os.PathLike[str]) -> int:
+        """Bring a store no process has open to the current format, in place; return its old one.
+
+        Format 1 to 2 is one write transaction: each session gets its list
+        index entry and its record says ``time_indexed`` (format 1 indexed
+        every session by time, and that index stays), and the format record
+        says 2, all in the same commit. A crash leaves format 1 whole or
+        format 2 whole; running it again on an upgraded store changes
+        nothing. Refused (``StoreError``) while any process has the store
+        open: such a process would go on writing without the list index.
+        """
+        root = Path(path)
+        if not (root / "data.mdb").is_file():
+            raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
+        cls._probe(root)
+        with _sole_user(root):
+            try:
+                env = lmdb.open(str(root), lock=False, max_dbs=len(_DB_NAMES) + 2)
+                try:
+                    with env.begin() as txn:
+                        meta = env.open_db(b"meta", txn=txn, create=False)
+                        version = _check_format(root, txn.get(_FORMAT_KEY, db=meta))
+                    while version < FORMAT_VERSION:
+                        try:
+                            _upgrade_to_2(env)
+                            break
+                        except lmdb.MapFullError:
+                            # Nothing was written: try again on a map twice as large.
+                            env.set_mapsize(env.info()["map_size"] * 2)
+                finally:
+                    env.close()
+            except lmdb.Error as error:
+                raise _lmdb_failure(f"upgrading {root}", error) from error
+        return version
+
+
+def _upgrade_to_2(env: Any) -> None:
+    """Add the list index to a format-1 store and mark it format 2, in one transaction."""
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        sessions = env.open_db(b"sessions", txn=txn, create=False)
+        listing = env.open_db(_LISTING, txn=txn)
+        for key, value in list(txn.cursor(db=sessions)):
+            record = _record_from(value)
+            record.time_indexed = True
+            txn.put(key, pack(record.to_list()), db=sessions)
+            txn.put(_list_key(record), key, db=listing)
+        header = {"magic": MAGIC, "format": 2}
+        txn.put(_FORMAT_KEY, bytes([2]) + pack(header), db=meta)
+
 
 class _PartialBatch(Exception):
     """Carries how many requests of a batch succeeded before one failed."""
