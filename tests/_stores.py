@@ -12,12 +12,14 @@ import copy
 import dataclasses
 import hashlib
 import os
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+import _redis
 import sessionscope
 from sessionscope import (
     Event,
@@ -28,11 +30,13 @@ from sessionscope import (
     SyncSessionService,
 )
 from sessionscope.errors import StoreClosedError
+from sessionscope.stores import open_store
 
 T = TypeVar("T")
 
-STORE_KINDS = ("memory", "lmdb-sync", "lmdb-deferred")
+STORE_KINDS = ("memory", "lmdb-sync", "lmdb-deferred", "redis", "redis-cluster")
 LMDB_KINDS = ("lmdb-sync", "lmdb-deferred")
+REDIS_KINDS = ("redis", "redis-cluster")
 
 APP = "app"
 USER = "user"
@@ -54,10 +58,22 @@ def _close_quietly(obj: Any) -> None:
 class StoreFactory:
     """Open stores of one kind at one path, and close them all at teardown."""
 
-    def __init__(self, kind: str, base: Path) -> None:
+    def __init__(self, kind: str, base: Path, server_url: str | None = None) -> None:
         self.kind = kind
         self.path = base / "store"
         self._opened: list[Any] = []
+        # Redis kinds: the server (or cluster) URI, and a prefix of this
+        # factory's own so that tests never see each other's keys.
+        self.server_url = server_url
+        self.prefix = f"t{uuid.uuid4().hex}"
+
+    @property
+    def uri(self) -> str:
+        """Return the URI of this factory's Redis store."""
+        assert self.kind in REDIS_KINDS, "only the Redis kinds have a URI"
+        if self.server_url is None:
+            self.server_url = str(_redis.shared(self.kind).url)
+        return f"{self.server_url}?prefix={self.prefix}"
 
     @property
     def persistent(self) -> bool:
@@ -73,6 +89,8 @@ class StoreFactory:
         """Open a new store (a fresh one for memory, the same path for LMDB)."""
         if self.kind == "memory":
             store: Any = MemoryStore()
+        elif self.kind in REDIS_KINDS:
+            store = open_store(self.uri, **kwargs)
         else:
             kwargs.setdefault("durability", self.durability)
             store = LmdbStore(self.path, **kwargs)
@@ -83,6 +101,10 @@ class StoreFactory:
         """Open a new, empty store of the same kind (LMDB: at a sibling path)."""
         if self.kind == "memory":
             return self(**kwargs)
+        if self.kind in REDIS_KINDS:
+            store = open_store(f"{self.uri}-{name}", **kwargs)
+            self._opened.append(store)
+            return store
         kwargs.setdefault("durability", self.durability)
         store = LmdbStore(self.path.with_name(name), **kwargs)
         self._opened.append(store)
@@ -104,10 +126,19 @@ def reopen_lmdb(path: Path, **kwargs: Any) -> Any:
     return LmdbStore(path, **kwargs)
 
 
+def redis_url(request: pytest.FixtureRequest, kind: str) -> str | None:
+    """Return the URI of the session's server for a Redis kind (starting it), else None."""
+    if kind == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    if kind == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return None
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Yield a factory of stores of one kind, all closed afterwards."""
-    factory = StoreFactory(request.param, tmp_path)
+    factory = StoreFactory(request.param, tmp_path, redis_url(request, request.param))
     try:
         yield factory
     finally:

@@ -8,6 +8,9 @@ from types import ModuleType
 
 import pytest
 
+# The session's Redis servers, started on first use by the Redis store kinds.
+from _redis import redis_cluster, redis_server  # noqa: F401
+
 
 def _pure_build_requested() -> bool:
     return os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,28 +29,37 @@ from google.genai import types
 
 from _adk_helpers import APP, realistic_event, rich_event
 from sessionscope import _adk_codec, codec, errors
-from sessionscope.adk import LmdbSessionService, MemorySessionService
+from sessionscope.adk import LmdbSessionService, MemorySessionService, RedisSessionService
 from sessionscope.stores import LmdbStore
 
 pytestmark = pytest.mark.adk
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+@pytest.fixture(params=["memory", "lmdb", "redis", "redis-cluster"])
 def make_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
     """Yield a factory of services over one store.
 
     For lmdb each call closes the previous service and reopens the path, so a
-    read after it comes from disk (a process opens a store path once).
+    read after it comes from disk (a process opens a store path once); for
+    Redis each call opens the same prefix on the session's server again.
     """
     made: list[Any] = []
     shared = MemorySessionService() if request.param == "memory" else None
+    redis_uri = None
+    if request.param.startswith("redis"):
+        fixture = "redis_server" if request.param == "redis" else "redis_cluster"
+        server = request.getfixturevalue(fixture)
+        redis_uri = f"{server.url}?prefix=a{uuid.uuid4().hex}"
 
     def make() -> Any:
         if shared is not None:
             return shared
         if made:
             made[-1].store.close()
-        made.append(LmdbSessionService(tmp_path / "store"))
+        if redis_uri is not None:
+            made.append(RedisSessionService(redis_uri))
+        else:
+            made.append(LmdbSessionService(tmp_path / "store"))
         return made[-1]
 
     yield make

@@ -3,8 +3,9 @@
 A scenario is a list of operations. ``play`` runs it on one service and
 returns what every operation produced (sessions as plain data, events as
 dumped dicts, errors as the ADK class they are an instance of). ADK's
-``InMemorySessionService`` is the reference; ``MemorySessionService`` and
-``LmdbSessionService`` must give the same results, except where the contract
+``InMemorySessionService`` is the reference; ``MemorySessionService``,
+``LmdbSessionService`` and ``RedisSessionService`` (on a real server and a real
+cluster) must give the same results, except where the contract
 differs on purpose: those tests are named ``test_differs_*`` and assert our side.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,23 @@ from hypothesis import strategies as st
 
 from _adk_helpers import APP, realistic_event
 from sessionscope import errors
-from sessionscope.adk import LmdbSessionService, MemorySessionService
+from sessionscope.adk import LmdbSessionService, MemorySessionService, RedisSessionService
 
 pytestmark = pytest.mark.adk
 
 ADK_ERRORS = (AlreadyExistsError, SessionNotFoundError, StaleSessionError)
+# Our services, each checked against ADK's.
+OURS = ("memory", "lmdb", "redis", "redis-cluster")
+# The session's Redis servers, by kind (set by the autouse fixture below).
+REDIS_URLS: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _redis_urls(redis_server: Any, redis_cluster: Any) -> None:
+    REDIS_URLS["redis"] = redis_server.url
+    REDIS_URLS["redis-cluster"] = redis_cluster.url
+
+
 Op = tuple[Any, ...]
 
 
@@ -46,6 +60,10 @@ async def open_service(kind: str) -> Any:
         yield InMemorySessionService()
     elif kind == "memory":
         yield MemorySessionService()
+    elif kind in REDIS_URLS:
+        # A prefix of its own: a fresh, empty store on the shared server.
+        async with RedisSessionService(f"{REDIS_URLS[kind]}?prefix=d{uuid.uuid4().hex}") as service:
+            yield service
     else:
         with tempfile.TemporaryDirectory() as tmp:
             async with LmdbSessionService(Path(tmp) / "store") as service:
@@ -146,13 +164,13 @@ async def _step(service: Any, live: dict[str, Session], op: Op) -> Any:
 
 def run_all(ops: list[Op]) -> dict[str, list[Any]]:
     """Play a scenario on ADK's service and both of ours."""
-    return {kind: asyncio.run(play(kind, ops)) for kind in ("adk", "memory", "lmdb")}
+    return {kind: asyncio.run(play(kind, ops)) for kind in ("adk", *OURS)}
 
 
 def assert_same(ops: list[Op]) -> list[Any]:
     """Assert that all three services agree on every result; return ADK's."""
     results = run_all(ops)
-    for kind in ("memory", "lmdb"):
+    for kind in OURS:
         for i, (theirs, ours) in enumerate(zip(results["adk"], results[kind], strict=True)):
             assert ours == theirs, f"{kind} differs from ADK at step {i}: {ops[i]}"
     return results["adk"]
@@ -298,7 +316,7 @@ def test_agrees_on_realistic_events() -> None:
             return [session_data(got), session_data(session)]
 
     theirs = asyncio.run(scenario("adk"))
-    for kind in ("memory", "lmdb"):
+    for kind in OURS:
         assert asyncio.run(scenario(kind)) == theirs
 
 
@@ -306,9 +324,10 @@ def test_agrees_on_realistic_events() -> None:
 
 
 def _differ(ops: list[Op], step: int) -> tuple[Any, Any, Any]:
-    """Run a scenario; assert both of ours agree; return ADK's, memory's and lmdb's result."""
+    """Run a scenario; assert all of ours agree; return ADK's, memory's and lmdb's result."""
     results = run_all(ops)
-    assert results["memory"] == results["lmdb"]
+    for kind in OURS:
+        assert results[kind] == results["memory"], f"{kind} differs from memory"
     return results["adk"][step], results["memory"][step], results["lmdb"][step]
 
 
@@ -383,7 +402,7 @@ def test_differs_unstorable_values_are_refused() -> None:
             return (await service.get_session(app_name=APP, user_id="u", session_id="s")).state
 
     assert asyncio.run(scenario("adk")) == {"k": {1, 2}}
-    for kind in ("memory", "lmdb"):
+    for kind in OURS:
         assert isinstance(asyncio.run(scenario(kind)), errors.StateValueError)
 
 
@@ -398,7 +417,7 @@ def test_differs_empty_ids_are_refused() -> None:
                 return str(error)
 
     assert asyncio.run(scenario("adk")) == ""
-    for kind in ("memory", "lmdb"):
+    for kind in OURS:
         assert "app_name" in asyncio.run(scenario(kind))
 
 
@@ -415,7 +434,7 @@ def test_differs_appended_event_is_not_aliased() -> None:
             return str(got.events[0].author)
 
     assert asyncio.run(scenario("adk")) == "changed later"
-    assert asyncio.run(scenario("memory")) == asyncio.run(scenario("lmdb")) == "agent"
+    assert [asyncio.run(scenario(kind)) for kind in OURS] == ["agent"] * len(OURS)
 
 
 # -- random call sequences ----------------------------------------------------

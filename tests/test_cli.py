@@ -74,7 +74,7 @@ def test_replay_into_a_used_store_exits_1(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["replay", "missing.jsonl", "--store", "memory://"], "does not exist"),
-        (["replay", "sample", "--store", "redis://x"], "unknown target scheme 'redis'"),
+        (["replay", "sample", "--store", "mongodb://x"], "unknown target scheme 'mongodb'"),
         (["replay", "sample", "--store", "memory"], "not a target URI"),
         (["replay", "sample", "--store", "lmdb:///tmp/x?bogus=1"], "unknown lmdb:// option"),
         (

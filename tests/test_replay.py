@@ -137,7 +137,7 @@ def test_budget_stops_early_and_verifies_the_prefix(records: list[Record]) -> No
     ("uri", "message"),
     [
         ("nonsense", "not a target URI"),
-        ("redis://localhost", "unknown target scheme 'redis'"),
+        ("mongodb://localhost", "unknown target scheme 'mongodb'"),
         ("lmdb://", "names no path"),
         ("lmdb:///tmp/x?colour=red", "unknown lmdb:// option"),
     ],

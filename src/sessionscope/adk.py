@@ -1,12 +1,14 @@
 """The google-adk drop-in: session services that take and return ADK's own objects.
 
 ``LmdbSessionService`` keeps sessions in a durable LMDB store;
-``MemorySessionService`` keeps them in process memory, with the same rules and
-no aliasing between what a caller holds and what is stored. Both subclass
-``google.adk.sessions.BaseSessionService`` and share every rule with the
-native services through ``ServiceCore``.
+``RedisSessionService`` on a Redis server or cluster shared by several
+machines; ``MemorySessionService`` keeps them in process memory, with the same
+rules and no aliasing between what a caller holds and what is stored. All
+subclass ``google.adk.sessions.BaseSessionService`` and share every rule with
+the native services through ``ServiceCore``.
 
-Importing this module registers the ``lmdb`` scheme with ADK's service
+Importing this module registers the ``lmdb`` scheme (and, with the redis
+extra installed, ``redis``, ``rediss`` and ``redis+cluster``) with ADK's service
 registry, so ``adk web --session_service_uri lmdb:///path/to/store`` works once
 something imports it: a ``services.py`` in the agents directory holding
 ``import sessionscope.adk``, a ``services.yaml`` naming
@@ -15,6 +17,7 @@ something imports it: a ``services.py`` in the agents directory holding
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -43,6 +46,7 @@ __all__ = [
     "AlreadyExistsError",
     "LmdbSessionService",
     "MemorySessionService",
+    "RedisSessionService",
     "SessionNotFoundError",
     "StaleSessionError",
     "main",
@@ -204,18 +208,64 @@ class LmdbSessionService(_AdkService):
         super().__init__(opened)
 
 
+class RedisSessionService(_AdkService):
+    """ADK sessions on a Redis 7 server or Redis Cluster, shared by every machine that opens it.
+
+    ``uri`` is a ``redis://``, ``rediss://`` or ``redis+cluster://`` URI whose
+    query may carry store options (``?prefix=agents&ttl=86400``); keyword
+    options (``prefix``, ``ttl``, ``wait``, ``timeout``) override those of the
+    query. ``store=`` takes an open ``RedisStore`` instead. ``agents_dir`` is
+    accepted because ADK's registry passes it. Needs the redis extra.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        store: Store | None = None,
+        agents_dir: str | None = None,
+        **options: Any,
+    ) -> None:
+        if store is not None:
+            if uri is not None or options:
+                raise ValueError("give a store, or a URI with options, not both")
+            super().__init__(store)
+            return
+        if not isinstance(uri, str) or urlsplit(uri).scheme not in _REDIS_SCHEMES:
+            raise ValueError(
+                f"RedisSessionService takes a redis://, rediss:// or redis+cluster:// URI, "
+                f"not {uri!r}"
+            )
+        super().__init__(open_store(uri, **options))
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster")
+
+
+def _redis_factory(uri: str, **kwargs: Any) -> RedisSessionService:
+    """Build the service ADK's registry asks for with a Redis URI."""
+    return RedisSessionService(uri=uri, **kwargs)
+
+
 def _lmdb_factory(uri: str, **kwargs: Any) -> LmdbSessionService:
     """Build the service ADK's registry asks for with an lmdb:// URI."""
     return LmdbSessionService(uri=uri, **kwargs)
 
 
 def register() -> bool:
-    """Register the ``lmdb`` scheme with ADK's service registry; False if ADK has none."""
+    """Register our schemes with ADK's service registry; False if ADK has none.
+
+    ``lmdb`` always; the Redis schemes when the redis extra is installed.
+    """
     try:
         from google.adk.cli.service_registry import get_service_registry
     except ImportError:
         return False
-    get_service_registry().register_session_service("lmdb", _lmdb_factory)
+    registry = get_service_registry()
+    registry.register_session_service("lmdb", _lmdb_factory)
+    if importlib.util.find_spec("redis") is not None:
+        for scheme in _REDIS_SCHEMES:
+            registry.register_session_service(scheme, _redis_factory)
     return True
 
 

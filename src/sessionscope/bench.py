@@ -13,6 +13,7 @@ the part they replayed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import math
@@ -44,6 +45,7 @@ from .replay import (
     replay,
 )
 from .service import SessionService, SyncSessionService, event_to_record
+from .stores import open_store
 from .trace import TraceSpec, generate
 
 __all__ = ["BenchConfig", "BenchReport", "concurrency_sweep", "length_sweep", "raw_lmdb", "run"]
@@ -65,6 +67,8 @@ class BenchConfig:
     charts: bool = True
     # The speed targets, each against its peer (speed.py); None skips them.
     targets: speed.SpeedConfig | None = field(default_factory=speed.SpeedConfig)
+    # More stores to replay on (e.g. redis://host:port/0), each under a fresh prefix.
+    stores: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls, sessions: int | None = None) -> BenchConfig:
@@ -196,6 +200,7 @@ def _num(value: float, digits: int = 1) -> str:
 
 
 _WRITES = ("create", "append", "delete")
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster")
 
 
 def _label(uri: str, batch: int) -> str:
@@ -208,6 +213,9 @@ def _label(uri: str, batch: int) -> str:
         "raw-lmdb-sync": "raw lmdb put+commit, fsync",
         "raw-lmdb-nosync": "raw lmdb put+commit, no fsync",
     }
+    if scheme in _REDIS_SCHEMES:
+        kind = "redis cluster" if scheme == "redis+cluster" else "redis"
+        return f"sessionscope {kind} bulk {batch} (writes)" if batch else f"sessionscope {kind}"
     if batch:
         return f"sessionscope lmdb bulk {batch} (writes)"
     if scheme in ("lmdb", "adk-lmdb"):
@@ -485,7 +493,14 @@ def concurrency_sweep(
 # -- the job ---------------------------------------------------------------------
 
 
-def _targets(directory: Path, peers: bool, skipped: dict[str, str]) -> list[tuple[str, int]]:
+def _scoped(uri: str, name: str) -> str:
+    """Return a store URI under a prefix of this run's own, so runs never meet."""
+    return f"{uri}{'&' if '?' in uri else '?'}prefix=sessionscope-bench-{name}"
+
+
+def _targets(
+    directory: Path, peers: bool, skipped: dict[str, str], stores: tuple[str, ...] = ()
+) -> list[tuple[str, int]]:
     lmdb_dir = directory / "lmdb"
     targets = [
         (f"lmdb://{lmdb_dir}-durable?durability=sync", 0),
@@ -493,6 +508,10 @@ def _targets(directory: Path, peers: bool, skipped: dict[str, str]) -> list[tupl
         (f"lmdb://{lmdb_dir}-bulk?durability=deferred", -1),
         ("memory://", 0),
     ]
+    run_id = os.urandom(4).hex()
+    for uri in stores:
+        targets.append((_scoped(uri, run_id), 0))
+        targets.append((_scoped(uri, f"{run_id}-bulk"), -1))
     if not peers:
         return targets
     reason = adk_available()
@@ -528,8 +547,10 @@ def run(
     spec = TraceSpec(sessions=config.sessions, seed=config.seed)
     records = list(generate(spec))
     directory = Path(tempfile.mkdtemp(prefix="sessionscope-bench-"))
+    targets: list[tuple[str, int]] = []
     try:
-        for uri, batch in _targets(directory, config.peers, report.skipped):
+        targets = _targets(directory, config.peers, report.skipped, config.stores)
+        for uri, batch in targets:
             size = config.batch if batch < 0 else batch
             log.write(f"replaying on {_label(uri, size)}\n")
             log.flush()
@@ -562,6 +583,7 @@ def run(
             report.targets = _speed_targets(config.targets, config.peers, report, directory, log)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        _drop_scoped_stores(targets)
     report.elapsed_s = time.perf_counter() - started
     if out is not None:
         write_outputs(report, out, config.charts)
@@ -588,6 +610,14 @@ def _speed_targets(
         },
         log=say,
     )
+
+
+def _drop_scoped_stores(targets: list[tuple[str, int]]) -> None:
+    """Remove what the run wrote to shared servers (its own prefixes only)."""
+    for uri, _ in targets:
+        if uri.partition("://")[0] in _REDIS_SCHEMES:
+            with contextlib.suppress(Exception):  # the run's figures matter more
+                open_store(uri).destroy()  # type: ignore[attr-defined]
 
 
 def _length_sweeps(

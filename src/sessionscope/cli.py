@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, help="also write results.json and PNG charts here")
     bench.add_argument("--no-peers", action="store_true", help="measure sessionscope only")
     bench.add_argument("--no-progress", action="store_true", help="never draw progress bars")
+    bench.add_argument("--store", action="append", default=[], metavar="URI",
+                       help="also replay on this store (e.g. redis://host:6379/0), "
+                       "under a prefix of the run's own; may be repeated")  # fmt: skip
 
     rep = commands.add_parser(
         "replay",
@@ -289,6 +292,7 @@ def _bench(args: argparse.Namespace) -> int:
         config.budget_s = args.budget
     config.seed = args.seed
     config.peers = not args.no_peers
+    config.stores = tuple(args.store)
     report = run(config, out=args.out, progress=not args.no_progress)
     print(report.format())
     if args.out is not None:

@@ -356,7 +356,7 @@ def open_target(uri: str) -> Target:
             "adk-memory://, adk-sqlite:///path, adk-database://URL or adk-lmdb:///path"
         )
     scheme, _, rest = uri.partition("://")
-    if scheme in ("memory", "lmdb"):
+    if scheme in ("memory", "lmdb", "redis", "rediss", "redis+cluster"):
         try:
             return NativeTarget(uri)
         except ValueError as error:

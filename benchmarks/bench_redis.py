@@ -1,0 +1,255 @@
+"""Benchmark the Redis store against google-adk's own RedisSessionService, on one server.
+
+As a script, printing median times (microseconds) per operation at 10, 100 and
+1,000 events per session, the ratio of ADK's time to ours, a bare FCALL round
+trip and the bulk append rate, all measured in the same run on the same
+redis-server::
+
+    python benchmarks/bench_redis.py                      # starts its own redis-server
+    python benchmarks/bench_redis.py --url redis://127.0.0.1:6379/0
+
+Both services are driven through their async API (ADK's is async only). Our
+store runs under its own key prefix and ADK's under its own, and both are
+removed at the end. ADK's sessions of 1,000 events are written in the one
+JSON value its service keeps per session (what a thousand appends through it
+leave behind), because filling them through its append, which rewrites the
+whole value each time, would take most of the run.
+
+Targets (issue 11): ours flat in history; at least 10x faster than ADK's on
+append at 1,000 events; our append within 1.5x of a bare FCALL; append_many
+of at least 50,000 events/s on one connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from google.adk.integrations.redis import RedisSessionService as AdkRedisSessionService
+from google.adk.integrations.redis._config import RedisSessionServiceConfig
+from google.adk.sessions.base_session_service import GetSessionConfig
+
+from bench_adk import make_event
+from sessionscope.adk import RedisSessionService
+from sessionscope.stores.redis import RedisStore
+
+APP, USER = "bench", "user"
+LENGTHS = (10, 100, 1000)
+SESSIONS_PER_USER = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a redis-server with its default persistence off (both sides alike)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("redis-server did not start")
+
+
+async def median_us(action: Callable[[], Awaitable[Any]], rounds: int) -> float:
+    """Return the median time of ``action`` in microseconds, after two warm-up calls."""
+    for _ in range(2):
+        await action()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+async def fill_ours(service: RedisSessionService, length: int) -> None:
+    """Create the user's sessions with ``length`` events each, through the bulk path."""
+    core = service._core
+    for n in range(SESSIONS_PER_USER):
+        session = await service.create_session(
+            app_name=APP, user_id=f"{USER}-{length}", session_id=f"s{n}"
+        )
+        requests = []
+        for i in range(length):
+            prepared = core.prepare_append(session, make_event(i), locked=True)
+            assert prepared is not None
+            prepared.request.catch_up = False
+            requests.append(prepared.request)
+        _, error = await service.store.aio.append_many(requests)
+        assert error is None, error
+
+
+async def fill_adk(service: AdkRedisSessionService, length: int) -> None:
+    """Store the user's sessions with ``length`` events each, as ADK's service keeps them."""
+    client = service._get_redis()
+    for n in range(SESSIONS_PER_USER):
+        user = f"{USER}-{length}"
+        session = await service.create_session(app_name=APP, user_id=user, session_id=f"s{n}")
+        session.events = [make_event(i) for i in range(length)]
+        key = service._session_key(APP, user, session.id)
+        await client.set(key, session.model_dump_json())
+
+
+async def measure(service: Any, length: int, rounds: int) -> dict[str, float]:
+    """Time append, get of the last 10, full get and list on a user at ``length`` events."""
+    user = f"{USER}-{length}"
+    live = await service.get_session(app_name=APP, user_id=user, session_id="s0")
+    counter = iter(range(10**9))
+
+    async def append() -> None:
+        await service.append_event(live, make_event(next(counter)))
+
+    async def last_10() -> None:
+        await service.get_session(
+            app_name=APP, user_id=user, session_id="s1",
+            config=GetSessionConfig(num_recent_events=10),
+        )  # fmt: skip
+
+    async def full() -> None:
+        await service.get_session(app_name=APP, user_id=user, session_id="s1")
+
+    async def listing() -> None:
+        await service.list_sessions(app_name=APP, user_id=user)
+
+    return {
+        "append": await median_us(append, rounds),
+        "get last 10": await median_us(last_10, rounds),
+        "full get": await median_us(full, max(5, rounds // 4)),
+        "list": await median_us(listing, max(5, rounds // 4)),
+    }
+
+
+async def native_append_us(url: str, prefix: str, rounds: int) -> float:
+    """Return the median append of the native async service (no ADK model to encode)."""
+    from sessionscope import Event as NativeEvent
+    from sessionscope import EventActions, SessionService
+
+    async with SessionService(f"{url}?prefix={prefix}-native") as service:
+        session = await service.create_session(app_name=APP, user_id="native")
+
+        async def append() -> None:
+            event = NativeEvent(author="analyst", content={"text": "z" * 400})
+            event.actions = EventActions(state_delta={"last": 1, "user:visits": 2})
+            await service.append_event(session, event)
+
+        return await median_us(append, rounds)
+
+
+def bulk_rate(url: str, prefix: str, events: int) -> float:
+    """Return events/s of append_many on one connection (batches of 1,000)."""
+    from sessionscope import Event as NativeEvent
+    from sessionscope import SyncSessionService
+
+    with SyncSessionService(f"{url}?prefix={prefix}-bulk") as sync:
+        session = sync.create_session(app_name=APP, user_id="bulk", session_id="b")
+        batches = [
+            [(session, NativeEvent(author="replay", content={"i": i, "text": "y" * 200}))
+             for i in range(start, start + 1000)]
+            for start in range(0, events, 1000)
+        ]  # fmt: skip
+        started = time.perf_counter()
+        for batch in batches:
+            sync.append_many(batch)
+        return events / (time.perf_counter() - started)
+
+
+async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    adk_prefix = f"adkbench{uuid.uuid4().hex[:8]}:"
+    ours = RedisSessionService(f"{url}?prefix={prefix}")
+    theirs = AdkRedisSessionService(RedisSessionServiceConfig(uri=url, key_prefix=adk_prefix))
+    results: dict[str, Any] = {"ours": {}, "adk": {}}
+    try:
+        for length in LENGTHS:
+            await fill_ours(ours, length)
+            await fill_adk(theirs, length)
+            results["ours"][length] = await measure(ours, length, rounds)
+            results["adk"][length] = await measure(theirs, length, rounds)
+        store = ours.store
+        assert isinstance(store, RedisStore)
+        results["fcall"] = await median_us(store.aio.noop, rounds * 4)
+        results["native append"] = await native_append_us(url, prefix, rounds * 4)
+        results["bulk"] = bulk_rate(url, prefix, bulk_events)
+    finally:
+        await ours.close()
+        for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native"):
+            RedisStore(url, prefix=store_prefix).destroy()
+        client = theirs._get_redis()
+        async for key in client.scan_iter(match=adk_prefix + "*"):
+            await client.delete(key)
+        await client.aclose()
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        "median microseconds per call (one redis-server, async API, same run)",
+        f"{'operation':<14}{'events':>8}{'sessionscope':>14}{'adk redis':>12}{'adk/ours':>10}",
+    ]
+    for op in ("append", "get last 10", "full get", "list"):
+        for length in LENGTHS:
+            ours = results["ours"][length][op]
+            theirs = results["adk"][length][op]
+            lines.append(f"{op:<14}{length:>8}{ours:>14.0f}{theirs:>12.0f}{theirs / ours:>9.1f}x")
+    fcall = results["fcall"]
+    append_1000 = results["ours"][1000]["append"]
+    native = results["native append"]
+    lines.append(f"bare FCALL round trip (async client): {fcall:.0f} us")
+    lines.append(f"native SessionService append: {native:.0f} us = {native / fcall:.2f}x of it; "
+                 f"ADK drop-in append at 1,000 events: {append_1000 / fcall:.2f}x "
+                 "(the rest is encoding ADK's pydantic event)")  # fmt: skip
+    lines.append(f"append_many on one connection: {results['bulk']:,.0f} events/s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (default: start one)")
+    parser.add_argument("--rounds", type=int, default=60, help="timed calls per operation")
+    parser.add_argument("--bulk-events", type=int, default=50_000)
+    args = parser.parse_args()
+    proc = None
+    directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+    try:
+        url = args.url
+        if url is None:
+            if shutil.which("redis-server") is None:
+                raise SystemExit("redis-server is not installed; give --url")
+            proc, url = start_server(directory)
+        results = asyncio.run(run(url, args.rounds, args.bulk_events))
+        print(report(results))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

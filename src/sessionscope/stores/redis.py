@@ -1,0 +1,1474 @@
+"""A shared store on Redis 7 or a Redis Cluster, for agents that run on several machines.
+
+Every append is one ``FCALL`` of a server-side function (``redis_functions.lua``)
+that checks and writes atomically; reads of the last n events read n. Each
+operation is described once, as a *plan*: a generator that yields the
+commands of one round trip (several are pipelined) and receives their
+replies. The sync face runs plans on ``redis.Redis`` / ``redis.cluster.RedisCluster``,
+the async face on their ``redis.asyncio`` twins, so both share key building,
+argument packing and reply decoding, as redis-py's own clients share their
+command definitions.
+
+Keys (``P`` the prefix, ``{u}`` a digest of (app, user), ``{a}`` of the app;
+the braces are Redis Cluster hash tags, so a session, its events and its
+user's state share one slot, and an app's own keys another):
+
+    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l)
+    P:{u}e:<sid>   hash     seq -> event record
+    P:{u}i:<sid>   hash     event id -> seq
+    P:{u}t:<sid>   zset     seq scored by event timestamp
+    P:{u}s:<sid>   hash     session state: key -> packed value
+    P:{u}u         hash     user state
+    P:{u}x         zset     the user's session ids scored by last update time
+    P:{u}p         hash     app deltas recorded but not yet applied (cluster)
+    P:{u}g:<token> string   marks a failed batch (60 s)
+    P:{a}a         hash     app state
+    P:{a}k         zset     app deltas applied, by token (cluster; kept a day)
+    P:{a}d         zset     the app's users (a directory for listing)
+    P:format       string   the store's format record
+
+On a single server the append function also writes the app map in the same
+atomic step. On a cluster the app map lives in another slot: the function
+records the app delta in ``P:{u}p`` under a token (session number and event
+id), then a second call applies it to the app map once (``P:{a}k`` remembers
+applied tokens) and a third clears it. Any later read or append of the same
+user finishes a pending delta left behind by a process that died in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from hashlib import blake2b
+from importlib import resources
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from ..codec import decode_values, pack, unpack
+from ..errors import (
+    AlreadyExistsError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreClosedError,
+    StoreError,
+)
+from .base import (
+    BATCH_EVENTS,
+    BATCH_SESSIONS,
+    AppendRequest,
+    AppendResult,
+    BatchOutcome,
+    Completion,
+    Expirer,
+    Items,
+    ListPosition,
+    LoadedSession,
+    SessionCopy,
+    SessionRecord,
+    check_append,
+    check_copy,
+    check_ttl,
+    copies_equal,
+    event_copy,
+    page_records,
+)
+
+hiredis: Any
+try:
+    import hiredis
+except ImportError:  # the redis extra installs it; without it redis-py packs in Python
+    hiredis = None
+
+__all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
+
+T = TypeVar("T")
+
+FORMAT_VERSION = 1
+MAGIC = "sessionscope"
+# The function library's name carries its version: a client never calls an
+# older server-side copy by mistake, and two versions can live side by side.
+LIBRARY = "sessionscope_1"
+_FN = LIBRARY + "_"
+_HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
+# Requests per FCALL in a bulk append (each chunk is one session's run).
+_CHUNK = 256
+_U32 = struct.Struct(">I")
+# Called, when set, after an app delta is recorded and before it is applied
+# (cluster): tests stop a process there to check that another finishes it.
+between_steps: Callable[[], None] | None = None
+# The field of a user's pending hash that counts app deltas recorded.
+_ORDER_FIELD = b"#"
+# The fields of a session record hash, in SessionRecord's order.
+_RECORD_FIELDS = ("app", "user", "sid", "n", "c", "u", "k", "l", "r")
+# (command, arguments...) of one Redis command.
+Command = tuple[Any, ...]
+# An operation: yields the commands of each round trip, receives their replies.
+Plan = Generator[list[Command], list[Any], T]
+
+
+@lru_cache(maxsize=1)
+def _library_code() -> str:
+    return resources.files(__package__).joinpath("redis_functions.lua").read_text()
+
+
+def _number_text(value: float) -> str:
+    """Return a float as text that reads back as the same float (Lua and Redis parse it)."""
+    return float.__repr__(float(value))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(reply: Any) -> list[tuple[str, bytes]]:
+    """Return (field, value) pairs of an HGETALL reply (a flat list or a dict)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [(k.decode(), v) for k, v in reply.items()]
+    it = iter(reply)
+    return [(k.decode(), v) for k, v in zip(it, it, strict=False)]
+
+
+def _raw_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return list(reply.items())
+    it = iter(reply)
+    return list(zip(it, it, strict=False))
+
+
+def _record(fields: list[Any]) -> SessionRecord:
+    app, user, sid, number, created, updated, count, last, removed = fields
+    return SessionRecord(
+        app.decode(),
+        user.decode(),
+        sid.decode(),
+        int(number),
+        float(created),
+        float(updated),
+        int(count),
+        _text(last),
+        int(removed or 0),
+    )
+
+
+class _Keys:
+    """Build every key name of one prefix: the one place the layout is written down."""
+
+    def __init__(self, prefix: str) -> None:
+        self.base = prefix.encode() + b":"
+        self.format = self.base + b"format"
+        # The store's apps (a set; its own slot on a cluster).
+        self.apps = self.base + b"apps"
+
+    @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, ids recur
+    def user_tag(self, app_name: str, user_id: str) -> bytes:
+        digest = blake2b(pack([app_name, user_id]), digest_size=16).hexdigest()
+        return self.base + b"{u" + digest.encode() + b"}"
+
+    @lru_cache(maxsize=1024)  # noqa: B019 - one instance per store, ids recur
+    def app_tag(self, app_name: str) -> bytes:
+        digest = blake2b(pack([app_name]), digest_size=16).hexdigest()
+        return self.base + b"{a" + digest.encode() + b"}"
+
+    def session(self, app_name: str, user_id: str, session_id: str) -> list[bytes]:
+        """Return record, events, ids, times, state, positions and names keys of a session."""
+        tag = self.user_tag(app_name, user_id)
+        sid = session_id.encode()
+        return [tag + b"r:" + sid, tag + b"e:" + sid, tag + b"i:" + sid, tag + b"t:" + sid,
+                tag + b"s:" + sid, tag + b"o:" + sid, tag + b"n:" + sid]  # fmt: skip
+
+    def user(self, app_name: str, user_id: str) -> list[bytes]:
+        """Return the user state, session index, pending and number counter keys of a user."""
+        tag = self.user_tag(app_name, user_id)
+        return [tag + b"u", tag + b"x", tag + b"p", tag + b"c"]
+
+    def guard(self, app_name: str, user_id: str, token: str) -> bytes:
+        return self.user_tag(app_name, user_id) + b"g:" + token.encode()
+
+    def app(self, app_name: str) -> list[bytes]:
+        """Return the app state, applied tokens and user directory keys of an app."""
+        tag = self.app_tag(app_name)
+        return [tag + b"a", tag + b"k", tag + b"d"]
+
+
+def _pack_items(items: Items) -> bytes:
+    """Frame app items as one value: each key, then its packed value, after its length."""
+    out = bytearray()
+    for key, value in items:
+        raw = key.encode()
+        out += _U32.pack(len(raw)) + raw + _U32.pack(len(value)) + value
+    return bytes(out)
+
+
+def _request_args(request: AppendRequest) -> list[Any]:
+    """Return the FCALL arguments of one append request (see redis_functions.lua)."""
+    flags = 0
+    if request.marker is not None:
+        flags |= _HAS_MARKER
+    if request.caller_last_event_id is not None:
+        flags |= _HAS_LAST_ID
+    if request.locked:
+        flags |= _LOCKED
+    if request.catch_up:
+        flags |= _CATCH_UP
+    args: list[Any] = [
+        request.event_id,
+        _number_text(request.timestamp),
+        request.event,
+        flags,
+        request.marker or "",
+        _number_text(request.caller_update_time),
+        request.caller_last_event_id or "",
+        len(request.session_items),
+        len(request.user_items),
+        _pack_items(request.app_items),
+    ]
+    for key, value in request.session_items:
+        args.extend((key, value))
+    for key, value in request.user_items:
+        args.extend((key, value))
+    return args
+
+
+@dataclass(slots=True)
+class _Settings:
+    prefix: str
+    ttl: int
+    wait: int
+    timeout: float
+    cluster: bool
+
+
+class _Operations:
+    """Each store operation as a plan; shared by the sync and the async face."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self.settings = settings
+        self.keys = _Keys(settings.prefix)
+        self.cluster = settings.cluster
+        # When this process last pushed each app's keys' expiry forward.
+        self._app_refreshed: dict[str, float] = {}
+        self._refresh_lock = threading.Lock()
+
+    # -- shared steps ----------------------------------------------------
+
+    def _app_upkeep(self, app_name: str) -> list[Command]:
+        """Return commands that keep an app's keys alive while its sessions live.
+
+        Every session's keys expire ``ttl`` after its last append. The app's
+        keys are pushed to ``2 * ttl`` from now at most every ``ttl / 2``
+        seconds per process, so they outlive every session appended to since.
+        """
+        ttl = self.settings.ttl
+        if not ttl:
+            return []
+        now = time.monotonic()
+        with self._refresh_lock:
+            if now - self._app_refreshed.get(app_name, -1e18) < ttl / 2:
+                return []
+            self._app_refreshed[app_name] = now
+        return [("EXPIRE", key, 2 * ttl) for key in self.keys.app(app_name) if key[-1:] != b"k"]
+
+    def _waits(self) -> list[Command]:
+        wait = self.settings.wait
+        # Half the socket timeout: WAIT answers before the socket gives up on it.
+        return [("WAIT", wait, max(1, int(self.settings.timeout * 500)))] if wait else []
+
+    def _check_wait(self, reply: Any) -> None:
+        wait = self.settings.wait
+        if wait and int(reply) < wait:
+            raise StoreError(
+                f"the write reached {int(reply)} of {wait} replicas in time",
+                hint="it is stored on the primary; check the replicas, then retry "
+                "(a retried append with the same event id is a no-op)",
+            )
+
+    def _app_keys(self, app_name: str) -> list[bytes]:
+        """Return the app key a function writes directly (single server only)."""
+        return [] if self.cluster else [self.keys.app(app_name)[0]]
+
+    def _finish_pending(self, app_name: str, user_id: str, pending: Any) -> Plan[None]:
+        """Apply recorded app deltas once, then clear them (cluster only)."""
+        entries = sorted(
+            (token, blob) for token, blob in _raw_pairs(pending) if token != _ORDER_FIELD
+        )
+        if not entries:
+            return
+        # Tokens start with a per-user counter: sorted, they apply in append order.
+        flat = [x for entry in entries for x in entry]
+        tokens = flat[0::2]
+        if between_steps is not None:
+            between_steps()
+        app_state, applied, _ = self.keys.app(app_name)
+        yield [("FCALL", _FN + "apply", 2, app_state, applied, self.settings.ttl, *flat)]
+        pend = self.keys.user(app_name, user_id)[2]
+        yield [("FCALL", _FN + "clear", 1, pend, *tokens)]
+
+    # -- operations ------------------------------------------------------
+
+    def create(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Plan[LoadedSession]:
+        keys = self.keys
+        rec, _, _, _, state, _, _ = keys.session(app_name, user_id, session_id)
+        ustate, index, pend, counter = keys.user(app_name, user_id)
+        app_state, _, directory = keys.app(app_name)
+        # Names this create, so that a retry after a lost reply is known as one.
+        token = secrets.token_hex(8)
+        fkeys = [rec, state, ustate, index, pend, counter, *self._app_keys(app_name)]
+        args: list[Any] = [
+            app_name, user_id, session_id, token, _number_text(create_time),
+            self.settings.ttl, len(session_items), len(user_items), _pack_items(app_items),
+        ]  # fmt: skip
+        for key, value in (*session_items, *user_items):
+            args.extend((key, value))
+        # The directory entry is touched before (so that a process dying
+        # after the create leaves it listed) and after the create (so that a
+        # listing that prunes users without sessions cannot remove it; see
+        # the prune function).
+        touch = ("ZINCRBY", directory, 1, user_id)
+        create = ("FCALL", _FN + "create", len(fkeys), *fkeys, *args)
+        known = ("SADD", keys.apps, app_name)
+        if self.cluster:
+            replies = yield [touch, create, known]
+            replies += yield [touch, *self._app_upkeep(app_name)]
+        else:
+            replies = yield [touch, create, touch, known, *self._app_upkeep(app_name),
+                             *self._waits()]  # fmt: skip
+            if self.settings.wait:
+                self._check_wait(replies[-1])
+        reply = replies[1]
+        if reply is None:
+            raise AlreadyExistsError(f"session {session_id!r} already exists")
+        fields, sstate, ustate_reply, astate, pending = reply
+        if self.cluster:
+            yield from self._finish_pending(app_name, user_id, pending)
+            (astate,) = yield [("HGETALL", app_state)]
+        return LoadedSession(
+            _record(fields),
+            decode_values(_pairs(sstate)),
+            decode_values(_pairs(astate)),
+            decode_values(_pairs(ustate_reply)),
+            [],
+        )
+
+    def load(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> Plan[LoadedSession | None]:
+        rec, events, _, times, state, positions, _ = self.keys.session(
+            app_name, user_id, session_id
+        )
+        ustate, _, pend, _ = self.keys.user(app_name, user_id)
+        fkeys = [rec, events, times, state, positions, ustate, pend, *self._app_keys(app_name)]
+        args = [
+            "" if num_recent_events is None else num_recent_events,
+            "" if after_timestamp is None else _number_text(after_timestamp),
+        ]
+        call = ("FCALL_RO", _FN + "load", len(fkeys), *fkeys, *args)
+        app_state = self.keys.app(app_name)[0]
+        if self.cluster:
+            reply, astate = yield [call, ("HGETALL", app_state)]
+        else:
+            (reply,) = yield [call]
+        if reply is None:
+            return None
+        fields, event_list, sstate, ustate_reply, astate_reply, pending = reply
+        record = _record(fields)
+        if (record.app_name, record.user_id, record.session_id) != (
+            app_name,
+            user_id,
+            session_id,
+        ):
+            raise StoreError("two ids share a key digest", hint="report this as a bug")
+        if self.cluster:
+            if pending:
+                yield from self._finish_pending(app_name, user_id, pending)
+                (astate,) = yield [("HGETALL", app_state)]
+        else:
+            astate = astate_reply
+        return LoadedSession(
+            record,
+            decode_values(_pairs(sstate)),
+            decode_values(_pairs(astate)),
+            decode_values(_pairs(ustate_reply)),
+            list(event_list),
+        )
+
+    def list_records(self, app_name: str, user_id: str | None) -> Plan[list[SessionRecord]]:
+        keys = self.keys
+        directory = keys.app(app_name)[2]
+        scores: list[bytes] = []
+        if user_id is None:
+            (flat,) = yield [("ZRANGE", directory, 0, -1, "WITHSCORES")]
+            users = [u.decode() for u in flat[0::2]]
+            scores = list(flat[1::2])
+        else:
+            users = [user_id]
+        if not users:
+            return []
+        indexes = yield [("ZRANGE", keys.user(app_name, u)[1], 0, -1) for u in users]
+        reads: list[Command] = []
+        for user, sids in zip(users, indexes, strict=True):
+            for sid in sids:
+                rec = keys.session(app_name, user, sid.decode())[0]
+                reads.append(("HMGET", rec, *_RECORD_FIELDS))
+        records: list[SessionRecord] = []
+        if reads:
+            # A session deleted between the two reads is left out.
+            records = [_record(fields) for fields in (yield reads) if fields[3] is not None]
+        empty = [
+            (u, score) for u, sids, score in zip(users, indexes, scores, strict=False) if not sids
+        ]
+        if empty:
+            # A user with no session but with state stays in the directory.
+            lives = yield from self._user_lives(app_name, [user for user, _ in empty])
+            prunes: list[Command] = [
+                ("FCALL", _FN + "prune", 1, directory, user, score)
+                for (user, score), alive in zip(empty, lives, strict=True)
+                if not alive
+            ]
+            if prunes:
+                yield prunes
+        return records
+
+    def delete(self, app_name: str, user_id: str, session_id: str) -> Plan[None]:
+        session_keys = self.keys.session(app_name, user_id, session_id)
+        index = self.keys.user(app_name, user_id)[1]
+        call = ("FCALL", _FN + "delete", 8, *session_keys, index, session_id)
+        replies = yield [call, *self._waits()]
+        if self.settings.wait:
+            self._check_wait(replies[-1])
+
+    def _call(self, requests: list[AppendRequest], guard: bytes, guarded: bool) -> Command:
+        """Return the FCALL appending a run of requests to one session."""
+        first = requests[0]
+        app, user = first.app_name, first.user_id
+        fkeys = [
+            *self.keys.session(app, user, first.session_id),
+            *self.keys.user(app, user),
+            guard,
+            *self._app_keys(app),
+        ]
+        args: list[Any] = [first.session_id, self.settings.ttl, len(requests), int(guarded)]
+        for request in requests:
+            args.extend(_request_args(request))
+        return ("FCALL", _FN + "append", len(fkeys), *fkeys, *args)
+
+    def _result(self, request: AppendRequest, reply: list[Any]) -> AppendResult:
+        """Decode one request's result; raise its refusal as ``check_append`` words it."""
+        status = reply[0]
+        if status == b"dup":
+            return AppendResult(None, duplicate=True)
+        if status == b"no":
+            record = _record(reply[1]) if reply[1] else None
+            if check_append(record, request, reply[2]):
+                # Stored with other bytes but equal content: a repeat.
+                return AppendResult(None, duplicate=True)
+            raise StoreError(
+                "the server refused an append the client would accept",
+                hint="the function library and the client disagree: report this as a bug",
+            )
+        marker, count, stamp = reply[1].decode(), int(reply[2]), float(reply[3])
+        number = int(marker.partition(":")[0])
+        result = AppendResult(marker, stamp)
+        if request.catch_up:
+            result.replace_events = bool(reply[4])
+            result.missed_events = list(reply[5])
+            result.first_missed = 0 if result.replace_events else int(reply[10])
+            result.stored_state = LoadedSession(
+                SessionRecord(
+                    request.app_name,
+                    request.user_id,
+                    request.session_id,
+                    number,
+                    float(reply[9]),
+                    stamp,
+                    count,
+                    request.event_id,
+                    int(marker.split(":")[2]) if marker.count(":") == 2 else 0,
+                ),
+                decode_values(_pairs(reply[6])),
+                decode_values(_pairs(reply[8] or [])),
+                decode_values(_pairs(reply[7])),
+                [],
+            )
+        return result
+
+    def append(self, request: AppendRequest) -> Plan[AppendResult]:
+        guard = self.keys.guard(request.app_name, request.user_id, "")
+        replies = yield [
+            self._call([request], guard, False),
+            *self._app_upkeep(request.app_name),
+            *self._waits(),
+        ]
+        results, pending = replies[0]
+        if self.settings.wait:
+            self._check_wait(replies[-1])
+        if self.cluster and pending:
+            yield from self._finish_pending(request.app_name, request.user_id, pending)
+        result = self._result(request, results[0])
+        if self.cluster and result.stored_state is not None:
+            (astate,) = yield [("HGETALL", self.keys.app(request.app_name)[0])]
+            result.stored_state.app_state = decode_values(_pairs(astate))
+        return result
+
+    def append_many(self, requests: list[AppendRequest]) -> Plan[BatchOutcome]:
+        """Append a batch: runs of one session per FCALL, the runs of one slot pipelined.
+
+        A refused request marks the batch's guard key, so the pipelined calls
+        after it append nothing; the client then stops there.
+        """
+        done: list[AppendResult] = []
+        start = 0
+        while start < len(requests):
+            group = self._slot_group(requests, start)
+            first = requests[start]
+            guard = self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+            chunks = list(_session_runs(requests[start : start + group]))
+            apps = {r.app_name for r in requests[start : start + group]}
+            upkeep = [c for app in sorted(apps) for c in self._app_upkeep(app)]
+            replies = yield [*(self._call(chunk, guard, True) for chunk in chunks), *upkeep,
+                             *self._waits()]  # fmt: skip
+            if self.settings.wait:
+                self._check_wait(replies[-1])
+            error: BaseException | None = None
+            stopped_at: int | None = None
+            position = start
+            for chunk, reply in zip(chunks, replies, strict=False):
+                results, pending = reply
+                if self.cluster and pending:
+                    yield from self._finish_pending(chunk[0].app_name, chunk[0].user_id, pending)
+                for request, result in zip(chunk, results, strict=False):
+                    try:
+                        done.append(self._result(request, result))
+                    except Exception as failure:  # it stops the batch; the caller raises it
+                        error = failure
+                    if error is not None or result[0] == b"no":
+                        stopped_at = position
+                        break
+                    position += 1
+                if stopped_at is not None:
+                    break
+            if stopped_at is not None:
+                yield [("DEL", guard)]
+                if error is not None:
+                    return done, error
+                # A repeat with other bytes but equal content stopped the
+                # server; go on after it.
+                start = stopped_at + 1
+                continue
+            start += group
+        return done, None
+
+    def _slot_group(self, requests: list[AppendRequest], start: int) -> int:
+        """Return how many requests from ``start`` may be pipelined under one guard key."""
+        if not self.cluster:
+            return len(requests) - start
+        app, user = requests[start].app_name, requests[start].user_id
+        end = start
+        while end < len(requests) and (requests[end].app_name, requests[end].user_id) == (
+            app,
+            user,
+        ):
+            end += 1
+        return end - start
+
+    # -- retention and copies ----------------------------------------------
+
+    def truncate(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Plan[int]:
+        """Remove old events in calls of at most BATCH_EVENTS, oldest first."""
+        rec, events, ids, times, _, positions, names = self.keys.session(
+            app_name, user_id, session_id
+        )
+        mode = ("before", _number_text(before)) if before is not None else ("keep", keep_last)
+        call = ("FCALL", _FN + "truncate", 6, rec, events, ids, times, positions, names,
+                *mode, BATCH_EVENTS)  # fmt: skip
+        removed = 0
+        while True:
+            (reply,) = yield [call]
+            gone = int(reply)
+            if gone < 0:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            removed += gone
+            if gone < BATCH_EVENTS:
+                return removed
+
+    def _users(self, app_name: str) -> Plan[list[str]]:
+        """Return the users in an app's directory."""
+        (members,) = yield [("ZRANGE", self.keys.app(app_name)[2], 0, -1)]
+        return [member.decode() for member in members]
+
+    def _apps(self) -> Plan[list[str]]:
+        (members,) = yield [("SMEMBERS", self.keys.apps)]
+        return sorted(member.decode() for member in members)
+
+    def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:
+        """Delete a user's sessions (only those idle since ``idle_before``, when given)."""
+        index = self.keys.user(app_name, user_id)[1]
+        if idle_before is None:
+            (sids,) = yield [("ZRANGE", index, 0, -1)]
+        else:
+            stop = "(" + _number_text(idle_before)
+            (sids,) = yield [("ZRANGE", index, "-inf", stop, "BYSCORE")]
+        removed = 0
+        extra = [] if idle_before is None else [_number_text(idle_before)]
+        for start in range(0, len(sids), BATCH_SESSIONS):
+            calls: list[Command] = [
+                ("FCALL", _FN + "delete", 8,
+                 *self.keys.session(app_name, user_id, sid.decode()), index, sid, *extra)
+                for sid in sids[start : start + BATCH_SESSIONS]
+            ]  # fmt: skip
+            removed += sum((yield calls))
+        return removed
+
+    def expire(self, app_name: str | None, idle_before: float) -> Plan[int]:
+        apps = [app_name] if app_name is not None else (yield from self._apps())
+        removed = 0
+        for app in apps:
+            for user in (yield from self._users(app)):
+                removed += yield from self._delete_sessions(app, user, idle_before)
+        return removed
+
+    def delete_user(self, app_name: str, user_id: str) -> Plan[int]:
+        # App deltas this user's appends left pending still belong to the app.
+        if self.cluster:
+            (pending,) = yield [("HGETALL", self.keys.user(app_name, user_id)[2])]
+            yield from self._finish_pending(app_name, user_id, pending)
+        removed = yield from self._delete_sessions(app_name, user_id, None)
+        ustate, index, pend, counter = self.keys.user(app_name, user_id)
+        yield [
+            ("DEL", ustate, index, pend, counter),
+            ("ZREM", self.keys.app(app_name)[2], user_id),
+        ]
+        return removed
+
+    def delete_app(self, app_name: str) -> Plan[int]:
+        removed = 0
+        for user in (yield from self._users(app_name)):
+            removed += yield from self.delete_user(app_name, user)
+        app_state, applied, directory = self.keys.app(app_name)
+        yield [("DEL", app_state, applied, directory), ("SREM", self.keys.apps, app_name)]
+        return removed
+
+    def _user_lives(self, app_name: str, users: list[str]) -> Plan[list[bool]]:
+        """Tell, per user, whether it has a session or user state."""
+        commands: list[Command] = []
+        for user in users:
+            ustate, index, _, _ = self.keys.user(app_name, user)
+            commands += [("EXISTS", index), ("EXISTS", ustate)]
+        if not commands:
+            return []
+        replies = yield commands
+        return [bool(a or b) for a, b in zip(replies[0::2], replies[1::2], strict=True)]
+
+    def list_apps(self) -> Plan[list[str]]:
+        apps = yield from self._apps()
+        known = []
+        for app in apps:
+            (app_state,) = yield [("EXISTS", self.keys.app(app)[0])]
+            users = yield from self._users(app)
+            if app_state or any((yield from self._user_lives(app, users))):
+                known.append(app)
+        return known
+
+    def list_users(self, app_name: str) -> Plan[list[str]]:
+        users = yield from self._users(app_name)
+        lives = yield from self._user_lives(app_name, users)
+        return sorted(user for user, alive in zip(users, lives, strict=True) if alive)
+
+    def restore(self, copy: SessionCopy) -> Plan[bool]:
+        check_copy(copy)
+        app, user, sid = copy.app_name, copy.user_id, copy.session_id
+        stored = yield from self._copy_of(app, user, sid)
+        if stored is None:
+            rec, events, ids, times, state, _, names = self.keys.session(app, user, sid)
+            _, index, _, counter = self.keys.user(app, user)
+            last = copy.events[-1].event_id if copy.events else ""
+            args: list[Any] = [
+                app, user, sid, _number_text(copy.create_time),
+                _number_text(copy.last_update_time), last, self.settings.ttl,
+                len(copy.session_items), len(copy.events),
+            ]  # fmt: skip
+            for key, value in copy.session_items:
+                args.extend((key, value))
+            for event in copy.events:
+                args.extend((event.event_id, _number_text(event.timestamp), event.record))
+            touch = ("ZINCRBY", self.keys.app(app)[2], 1, user)
+            call = ("FCALL", _FN + "restore", 8, rec, events, ids, times, state, names, index,
+                    counter, *args)  # fmt: skip
+            # Touched before and after, as a create does (see _Operations.create).
+            replies = yield from self._in_order(
+                [touch, call], [touch, ("SADD", self.keys.apps, app)]
+            )
+            if replies[1]:
+                return True
+            stored = yield from self._copy_of(app, user, sid)
+        if stored is not None and copies_equal(stored, copy):
+            return False
+        raise AlreadyExistsError(f"session {sid!r} already exists with other content")
+
+    def _copy_of(self, app_name: str, user_id: str, session_id: str) -> Plan[SessionCopy | None]:
+        """Return the stored session as a copy (times exact, events with their times)."""
+        loaded = yield from self.load(app_name, user_id, session_id, None, None)
+        if loaded is None:
+            return None
+        times = self.keys.session(app_name, user_id, session_id)[3]
+        (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
+        stamps = {int(seq): float(score) for seq, score in zip(flat[0::2], flat[1::2], strict=True)}
+        ordered = [stamps[seq] for seq in sorted(stamps)]
+        record = loaded.record
+        state = self.keys.session(app_name, user_id, session_id)[4]
+        (items,) = yield [("HGETALL", state)]
+        return SessionCopy(
+            app_name,
+            user_id,
+            session_id,
+            record.create_time,
+            record.last_update_time,
+            [(key, value) for key, value in _pairs(items)],
+            [event_copy(e, t) for e, t in zip(loaded.events, ordered, strict=True)],
+        )
+
+    def write_app_state(self, app_name: str, items: Items) -> Plan[None]:
+        flat = [x for item in items for x in item]
+        commands: list[Command] = [("SADD", self.keys.apps, app_name)]
+        if flat:
+            commands.append(("HSET", self.keys.app(app_name)[0], *flat))
+        yield commands
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Plan[None]:
+        flat = [x for item in items for x in item]
+        touch = ("ZINCRBY", self.keys.app(app_name)[2], 1, user_id)
+        first: list[Command] = [touch]
+        if flat:
+            first.append(("HSET", self.keys.user(app_name, user_id)[0], *flat))
+        yield from self._in_order(first, [touch, ("SADD", self.keys.apps, app_name)])
+
+    def _in_order(self, first: list[Command], then: list[Command]) -> Plan[list[Any]]:
+        """Send ``then`` after ``first`` has run: one pipeline on a server, two on a cluster.
+
+        A cluster pipeline runs each node's commands apart, in no order between nodes.
+        """
+        if not self.cluster:
+            return (yield [*first, *then])
+        replies = yield first
+        return replies + (yield then)
+
+    def read_app(self, app_name: str) -> Plan[dict[str, Any]]:
+        (reply,) = yield [("HGETALL", self.keys.app(app_name)[0])]
+        return decode_values(_pairs(reply))
+
+    def read_user(self, app_name: str, user_id: str) -> Plan[dict[str, Any]]:
+        (reply,) = yield [("HGETALL", self.keys.user(app_name, user_id)[0])]
+        return decode_values(_pairs(reply))
+
+    def check_format(self) -> Plan[None]:
+        header = pack({"magic": MAGIC, "format": FORMAT_VERSION})
+        # Read first: a read-only replica can open a store that exists.
+        (stored,) = yield [("GET", self.keys.format)]
+        if stored is None:
+            _, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
+        if stored == header:
+            return
+        try:
+            fields = unpack(stored)
+        except Exception:
+            fields = None
+        if not isinstance(fields, dict) or fields.get("magic") != MAGIC:
+            raise IncompatibleStoreError(
+                f"{self.keys.format!r} holds something else",
+                hint="pick another prefix= for this store",
+            )
+        version = fields.get("format")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise IncompatibleStoreError(
+                f"the store under prefix {self.settings.prefix!r} has format {version}; "
+                f"this version reads up to {FORMAT_VERSION}",
+                hint="upgrade sessionscope",
+            )
+
+    def noop(self) -> Plan[None]:
+        """One FCALL of a function that does nothing (a benchmark's baseline)."""
+        yield [("FCALL_RO", _FN + "noop", 0)]
+
+
+def _session_runs(requests: list[AppendRequest]) -> Iterable[list[AppendRequest]]:
+    """Split requests into runs of one session, at most ``_CHUNK`` long."""
+    run: list[AppendRequest] = []
+    for request in requests:
+        if run and (
+            len(run) >= _CHUNK
+            or (request.app_name, request.user_id, request.session_id)
+            != (run[0].app_name, run[0].user_id, run[0].session_id)
+        ):
+            yield run
+            run = []
+        run.append(request)
+    if run:
+        yield run
+
+
+def _failure(error: BaseException, where: str) -> StoreError:
+    """Return the StoreError a caller sees for a Redis failure."""
+    if isinstance(error, redis.exceptions.TimeoutError):
+        hint = f"{where} did not answer in time: check that it runs and is not overloaded"
+    elif isinstance(error, redis.exceptions.ConnectionError):
+        hint = f"cannot reach {where}: check that redis-server runs and the URI is right"
+    elif isinstance(error, redis.exceptions.ResponseError) and "OOM" in str(error):
+        hint = "the server is out of memory: raise maxmemory or free space"
+    else:
+        hint = "the server refused the command; what was stored before is intact"
+    failure = StoreError(f"Redis failed: {error}", hint=hint)
+    failure.__cause__ = error
+    return failure
+
+
+def _missing_library(replies: Iterable[Any]) -> bool:
+    return any(
+        isinstance(r, redis.exceptions.ResponseError) and "Function not found" in str(r)
+        for r in replies
+    )
+
+
+def _retry() -> Retry:
+    # A lost reply is retried once: every command a plan sends is idempotent
+    # (appends by event id, creates by session number).
+    return Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1)
+
+
+class _SyncRunner:
+    """Run plans on a sync client."""
+
+    def __init__(self, client: Any, where: str, cluster: bool) -> None:
+        self.client = client
+        self.where = where
+        self.cluster = cluster
+
+    def run(self, plan: Plan[T]) -> T:
+        try:
+            commands = next(plan)
+            while True:
+                commands = plan.send(self._execute(commands))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def _execute(self, commands: list[Command]) -> list[Any]:
+        try:
+            replies = self._send(commands)
+            if _missing_library(replies):
+                self.load_library()
+                replies = self._send(commands)
+        except redis.exceptions.RedisError as error:
+            raise _failure(error, self.where) from error
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise _failure(reply, self.where) from reply
+        return replies
+
+    def _send(self, commands: list[Command]) -> list[Any]:
+        if len(commands) == 1:
+            try:
+                return [self.client.execute_command(*commands[0])]
+            except redis.exceptions.ResponseError as error:
+                return [error]
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    def load_library(self) -> None:
+        code = _library_code()
+        if self.cluster:
+            self.client.execute_command(
+                "FUNCTION LOAD", "REPLACE", code, target_nodes=self.client.PRIMARIES
+            )
+        else:
+            self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
+
+
+class _AsyncRunner:
+    """Run plans on an asyncio client."""
+
+    def __init__(self, client: Any, where: str, cluster: bool) -> None:
+        self.client = client
+        self.where = where
+        self.cluster = cluster
+
+    async def run(self, plan: Plan[T]) -> T:
+        try:
+            commands = next(plan)
+            while True:
+                commands = plan.send(await self._execute(commands))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def _execute(self, commands: list[Command]) -> list[Any]:
+        try:
+            replies = await self._send(commands)
+            if _missing_library(replies):
+                await self.load_library()
+                replies = await self._send(commands)
+        except redis.exceptions.RedisError as error:
+            raise _failure(error, self.where) from error
+        except OSError as error:
+            raise _failure(redis.exceptions.ConnectionError(str(error)), self.where) from error
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise _failure(reply, self.where) from reply
+        return replies
+
+    async def _send(self, commands: list[Command]) -> list[Any]:
+        if len(commands) == 1:
+            try:
+                return [await self.client.execute_command(*commands[0])]
+            except redis.exceptions.ResponseError as error:
+                return [error]
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def load_library(self) -> None:
+        code = _library_code()
+        if self.cluster:
+            await self.client.execute_command(
+                "FUNCTION LOAD", "REPLACE", code, target_nodes=self.client.PRIMARIES
+            )
+        else:
+            await self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
+
+
+class _Shielded(Awaitable[T]):
+    """A write running as its own task: awaiting it again after a cancellation is safe."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self, task: asyncio.Task[T]) -> None:
+        self._task = task
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return asyncio.shield(self._task).__await__()
+
+
+async def _close_with_loop(client: Any) -> Any:
+    """An async generator the loop finalizes at shutdown: it closes the loop's client."""
+    try:
+        yield None
+    finally:
+        await client.aclose()
+
+
+class _HiredisPacking:
+    """Pack commands with hiredis in C, as redis-py's sync connections do.
+
+    redis-py's asyncio connections pack in Python, one call per argument:
+    for an append of thirty arguments that costs more than the server's work.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
+def _packing_in_c(connection_class: type) -> type:
+    """Return ``connection_class`` packing with hiredis (itself without hiredis)."""
+    if hiredis is None:
+        return connection_class
+    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+
+
+class _AsyncRedisStore:
+    """The async face of a RedisStore: one asyncio client per running event loop."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._runners: dict[asyncio.AbstractEventLoop, tuple[_AsyncRunner, Any]] = {}
+
+    async def _runner(self) -> _AsyncRunner:
+        self._store._check_open()
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            found = self._runners.get(loop)
+            # Clients of loops that have closed were closed with them.
+            for other in [lp for lp in self._runners if lp.is_closed()]:
+                del self._runners[other]
+        if found is not None:
+            return found[0]
+        client = self._store._new_client(asynchronous=True)
+        runner = _AsyncRunner(client, self._store.where, self._store.cluster)
+        # asyncio.run finalizes live async generators before closing its
+        # loop: this one closes the client there, inside the loop.
+        guard = _close_with_loop(client)
+        await guard.__anext__()
+        with self._lock:
+            self._runners[loop] = (runner, guard)
+        return runner
+
+    async def _run(self, make: Callable[[], Plan[T]]) -> T:
+        runner = await self._runner()
+        return await runner.run(make())
+
+    def _write(self, make: Callable[[], Plan[T]]) -> _Shielded[T]:
+        return _Shielded(asyncio.get_running_loop().create_task(self._run(make)))
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Awaitable[LoadedSession]:
+        """Store a new session; see ``Store.create_session``."""
+        ops = self._store._ops
+        return self._write(
+            lambda: ops.create(
+                app_name, user_id, session_id, create_time, app_items, user_items, session_items
+            )
+        )
+
+    async def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session; see ``Store.load_session``."""
+        ops = self._store._ops
+        return await self._run(
+            lambda: ops.load(app_name, user_id, session_id, num_recent_events, after_timestamp)
+        )
+
+    async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return session records; see ``Store.list_sessions``."""
+        return await self._run(lambda: self._store._ops.list_records(app_name, user_id))
+
+    async def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page`` (from the whole listing)."""
+        return page_records(await self.list_sessions(app_name, user_id), limit, after)
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Awaitable[None]:
+        """Remove a session; see ``Store.delete_session``."""
+        return self._write(lambda: self._store._ops.delete(app_name, user_id, session_id))
+
+    def append(self, request: AppendRequest) -> Awaitable[AppendResult]:
+        """Append one event; see ``Store.append``."""
+        return self._write(lambda: self._store._ops.append(request))
+
+    def append_many(self, requests: list[AppendRequest]) -> Awaitable[BatchOutcome]:
+        """Append a batch; see ``Store.append_many``."""
+        return self._write(lambda: self._store._ops.append_many(requests))
+
+    async def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map; see ``Store.read_app_state``."""
+        return await self._run(lambda: self._store._ops.read_app(app_name))
+
+    async def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map; see ``Store.read_user_state``."""
+        return await self._run(lambda: self._store._ops.read_user(app_name, user_id))
+
+    async def noop(self) -> None:
+        """Make one FCALL of a function that does nothing (a benchmark's baseline)."""
+        await self._run(self._store._ops.noop)
+
+    async def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> int:
+        """Remove old events of a session; see ``Store.truncate_events``."""
+        ops = self._store._ops
+        return await self._write(
+            lambda: ops.truncate(app_name, user_id, session_id, before, keep_last)
+        )
+
+    async def expire_sessions(self, app_name: str | None, idle_before: float) -> int:
+        """Delete idle sessions; see ``Store.expire_sessions``."""
+        return await self._write(lambda: self._store._ops.expire(app_name, idle_before))
+
+    async def delete_user(self, app_name: str, user_id: str) -> int:
+        """Delete a user's sessions and state; see ``Store.delete_user``."""
+        return await self._write(lambda: self._store._ops.delete_user(app_name, user_id))
+
+    async def delete_app(self, app_name: str) -> int:
+        """Delete everything of an app; see ``Store.delete_app``."""
+        return await self._write(lambda: self._store._ops.delete_app(app_name))
+
+    async def list_apps(self) -> list[str]:
+        """Return the apps of the store; see ``Store.list_apps``."""
+        return await self._run(self._store._ops.list_apps)
+
+    async def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app; see ``Store.list_users``."""
+        return await self._run(lambda: self._store._ops.list_users(app_name))
+
+    async def restore_session(self, copy: SessionCopy) -> bool:
+        """Write a whole session as given; see ``Store.restore_session``."""
+        return await self._write(lambda: self._store._ops.restore(copy))
+
+    async def write_app_state(self, app_name: str, items: Items) -> None:
+        """Set keys of the app map; see ``Store.write_app_state``."""
+        await self._write(lambda: self._store._ops.write_app_state(app_name, items))
+
+    async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
+        """Set keys of a user map; see ``Store.write_user_state``."""
+        await self._write(lambda: self._store._ops.write_user_state(app_name, user_id, items))
+
+    async def flush(self) -> None:
+        """Return: every acknowledged write is as durable as the server's settings make it."""
+        self._store._check_open()
+
+    async def close(self) -> None:
+        """Close this loop's client, then the store."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            found = self._runners.pop(loop, None)
+        if found is not None:
+            await found[1].aclose()
+        self._store.close()
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._runners.clear()
+
+
+class RedisStore:
+    """Sessions on a Redis 7 server or cluster, shared by every process that opens it.
+
+    ``url`` is a ``redis://`` or ``rediss://`` URL for one server; ``cluster``
+    lists ``(host, port)`` startup nodes of a Redis Cluster instead. Options:
+    ``prefix`` keeps stores apart on one server, ``ttl`` (seconds) expires a
+    session idle that long, ``wait`` makes every write wait for that many
+    replicas, ``timeout`` bounds every network wait.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        cluster: list[tuple[str, int]] | None = None,
+        prefix: str = "sessionscope",
+        ttl: int | None = None,
+        wait: int = 0,
+        timeout: float = 5.0,
+        ssl: bool = False,
+        session_ttl: float | None = None,
+    ) -> None:
+        session_ttl = check_ttl(session_ttl)
+        if (url is None) == (cluster is None):
+            raise ValueError("give either url (one server) or cluster (startup nodes)")
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(f"prefix must be a non-empty str without braces, not {prefix!r}")
+        if ttl is not None and (not isinstance(ttl, int) or ttl <= 0):
+            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        if not isinstance(wait, int) or wait < 0:
+            raise ValueError(f"wait must be a number of replicas (>= 0), not {wait!r}")
+        if cluster is not None and wait:
+            raise ValueError("wait= needs one server: a cluster write goes to several")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        self.url = url
+        self.nodes = cluster
+        self.cluster = cluster is not None
+        self.ssl = ssl
+        self.where = url if url is not None else ",".join(f"{h}:{p}" for h, p in cluster or [])
+        self._settings = _Settings(prefix, ttl or 0, wait, timeout, self.cluster)
+        self._ops = _Operations(self._settings)
+        self._closed = False
+        self._client = self._new_client(asynchronous=False)
+        self._sync = _SyncRunner(self._client, self.where, self.cluster)
+        self.aio = _AsyncRedisStore(self)
+        try:
+            self._sync.run(self._ops.check_format())
+        except BaseException:
+            self._client.close()
+            raise
+        # session_ttl expires by last update time (the event timestamps), like
+        # the other stores; ttl= is Redis's own expiry, by idle wall-clock time.
+        self.session_ttl = session_ttl
+        self._expirer = Expirer(self, session_ttl) if session_ttl is not None else None
+        if self._expirer is not None:
+            self._expirer.start()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.uri!r})"
+
+    @property
+    def prefix(self) -> str:
+        return self._settings.prefix
+
+    @property
+    def uri(self) -> str:
+        """Return the URI ``open_store`` takes to open this store again."""
+        options = f"prefix={self.prefix}"
+        if self._settings.ttl:
+            options += f"&ttl={self._settings.ttl}"
+        if self._settings.wait:
+            options += f"&wait={self._settings.wait}"
+        if self.url is not None:
+            # The URL keeps redis-py's own settings (TLS) in its query.
+            return f"{self.url}{'&' if '?' in self.url else '?'}{options}"
+        return f"redis+cluster://{self.where}?{options}"
+
+    def _new_client(self, asynchronous: bool) -> Any:
+        timeout = self._settings.timeout
+        common: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": _retry(),
+            "protocol": 2,
+        }
+        if self.url is not None:
+            if not asynchronous:
+                return redis.Redis.from_url(self.url, **common)
+            client = redis.asyncio.Redis.from_url(self.url, **common)
+            pool = client.connection_pool
+            pool.connection_class = _packing_in_c(pool.connection_class)
+            return client
+        if asynchronous:
+            # (The async cluster client takes no connection class: it packs in Python.)
+            nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.nodes or []]
+            return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, ssl=self.ssl, **common)
+        sync_nodes = [
+            redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in self.nodes or []
+        ]
+        try:
+            return redis.cluster.RedisCluster(startup_nodes=sync_nodes, ssl=self.ssl, **common)
+        except redis.exceptions.RedisError as error:
+            raise _failure(error, self.where) from error
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the Redis store is closed", hint="open it again")
+
+    def _run(self, plan: Plan[T]) -> T:
+        self._check_open()
+        return self._sync.run(plan)
+
+    def _write(self, plan: Plan[T]) -> Completion[T]:
+        self._check_open()
+        try:
+            return Completion.done(self._sync.run(plan))
+        except Exception as error:  # handed to the caller
+            return Completion.failed(error)
+
+    # -- the Store protocol ----------------------------------------------
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Completion[LoadedSession]:
+        """Store a new session and return it with the shared maps merged in."""
+        return self._write(
+            self._ops.create(
+                app_name, user_id, session_id, create_time, app_items, user_items, session_items
+            )
+        )
+
+    def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session with the events the filters select, in append order."""
+        return self._run(
+            self._ops.load(app_name, user_id, session_id, num_recent_events, after_timestamp)
+        )
+
+    def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return the records of an app's (or one user's) sessions."""
+        return self._run(self._ops.list_records(app_name, user_id))
+
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page``.
+
+        Read from the whole listing and sorted here (``page_records``): Redis
+        keeps no list index yet, so a page costs what the app's listing does.
+        """
+        return page_records(self.list_sessions(app_name, user_id), limit, after)
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
+        """Remove a session with its state and events; a missing one is a no-op."""
+        return self._write(self._ops.delete(app_name, user_id, session_id))
+
+    def append(self, request: AppendRequest) -> Completion[AppendResult]:
+        """Append one event and apply its packed delta, all or nothing, in one FCALL."""
+        return self._write(self._ops.append(request))
+
+    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+        """Append a batch, pipelined; stop at the first refused request."""
+        self._check_open()
+        try:
+            return Completion.done(self._sync.run(self._ops.append_many(requests)))
+        except Exception as error:  # a network failure stops the batch too
+            return Completion.done(([], error))
+
+    def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map, keys without prefix."""
+        return self._run(self._ops.read_app(app_name))
+
+    def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return the user map, keys without prefix."""
+        return self._run(self._ops.read_user(app_name, user_id))
+
+    def noop(self) -> None:
+        """Make one FCALL of a function that does nothing (a benchmark's baseline)."""
+        self._run(self._ops.noop())
+
+    # -- retention and copies --------------------------------------------
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove events with ``timestamp < before``, or all but the last ``keep_last``."""
+        return self._write(self._ops.truncate(app_name, user_id, session_id, before, keep_last))
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete the sessions whose last update is before ``idle_before``."""
+        return self._write(self._ops.expire(app_name, idle_before))
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Delete every session of a user and the user's state map."""
+        return self._write(self._ops.delete_user(app_name, user_id))
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Delete every session, user map and the app map of an app."""
+        return self._write(self._ops.delete_app(app_name))
+
+    def list_apps(self) -> list[str]:
+        """Return the apps that have a session, app state or user state, sorted."""
+        return self._run(self._ops.list_apps())
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app that have a session or user state, sorted."""
+        return self._run(self._ops.list_users(app_name))
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session as given; False when an equal one is stored."""
+        return self._write(self._ops.restore(copy))
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, leaving other keys as they are."""
+        return self._write(self._ops.write_app_state(app_name, items))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, leaving other keys as they are."""
+        return self._write(self._ops.write_user_state(app_name, user_id, items))
+
+    def destroy(self) -> int:
+        """Delete every key under this store's prefix (on every node); return how many.
+
+        For benchmarks and tests that share a server; not part of the Store protocol.
+        """
+        self._check_open()
+        pattern = self._ops.keys.base + b"*"
+        client = self._client
+        deleted = 0
+        try:
+            nodes = client.get_primaries() if self.cluster else [None]
+            for node in nodes:
+                scan = (
+                    client.scan_iter(match=pattern, count=1000, target_nodes=node)
+                    if node is not None
+                    else client.scan_iter(match=pattern, count=1000)
+                )
+                keys = list(scan)
+                for start in range(0, len(keys), 500):
+                    pipe = client.pipeline(transaction=False)
+                    for key in keys[start : start + 500]:
+                        pipe.delete(key)
+                    deleted += sum(pipe.execute())
+        except redis.exceptions.RedisError as error:
+            raise _failure(error, self.where) from error
+        finally:
+            self.close()
+        return deleted
+
+    def flush(self) -> Completion[None]:
+        """Return at once: a write is as durable as the server's appendfsync makes it."""
+        self._check_open()
+        return Completion.done(None)
+
+    def close(self) -> None:
+        """Release the connections; later calls raise StoreClosedError."""
+        if self._closed:
+            return
+        if self._expirer is not None:
+            self._expirer.stop()
+        self._closed = True
+        self.aio._forget()
+        self._client.close()

@@ -1,0 +1,605 @@
+#!lua name=sessionscope_1
+-- The server side of sessionscope's Redis store (library format 1).
+--
+-- Every function touches the keys of one hash slot only: the keys of one
+-- (app, user) pair, or of one app. The client builds every key name and
+-- passes it in KEYS; the layout is described in docs/ARCHITECTURE.md.
+-- Times travel as the decimal text the client wrote (shortest round-trip
+-- form), so no float is ever formatted here and no precision is lost.
+-- Values are msgpack bytes and are stored as they arrive.
+
+local HAS_MARKER, HAS_LAST_ID, LOCKED, CATCH_UP = 1, 2, 4, 8
+-- Applied app-delta tokens are remembered this long (seconds).
+local APPLIED_HORIZON = 86400
+-- Fields read per HMGET, well under Lua's limit on unpacked arguments.
+local CHUNK = 1000
+
+local function read_record(key)
+    local f = redis.call('HMGET', key, 'app', 'user', 'sid', 'n', 'c', 'u', 'k', 'l', 'r')
+    if not f[4] then
+        return false
+    end
+    return f
+end
+
+-- The revision marker of a record: number:count, and :removed after a truncation.
+local function marker_of(number, count, removed)
+    if removed > 0 then
+        return number .. ':' .. count .. ':' .. removed
+    end
+    return number .. ':' .. count
+end
+
+-- The stored positions first..last (inclusive, by position), in order. Until a
+-- truncation they are every position; after one, the positions set says.
+local function positions(pos_key, removed, first, last)
+    if first > last then
+        return {}
+    end
+    if removed == 0 then
+        local out = {}
+        for s = first, last do
+            out[#out + 1] = tostring(s)
+        end
+        return out
+    end
+    return redis.call('ZRANGE', pos_key, first, last, 'BYSCORE')
+end
+
+-- The last n stored positions (n nil: all), in order.
+local function last_positions(pos_key, removed, count, n)
+    if removed == 0 then
+        local first = 0
+        if n then
+            first = math.max(0, count - n)
+        end
+        return positions(pos_key, 0, first, count - 1)
+    end
+    if n == 0 then
+        return {}
+    end
+    return redis.call('ZRANGE', pos_key, n and -n or 0, -1)
+end
+
+local function hset_pairs(key, args, first, count)
+    for i = first, first + 2 * count - 1, 2 do
+        redis.call('HSET', key, args[i], args[i + 1])
+    end
+end
+
+local function hset_blob(key, blob)
+    -- Items framed by the client: (4-byte big-endian length, bytes) for a
+    -- key, then for its value, and so on. (cmsgpack here reads no bin type.)
+    local pos = 1
+    while pos <= #blob do
+        local klen = struct.unpack('>I4', blob, pos)
+        local field = string.sub(blob, pos + 4, pos + 3 + klen)
+        pos = pos + 4 + klen
+        local vlen = struct.unpack('>I4', blob, pos)
+        redis.call('HSET', key, field, string.sub(blob, pos + 4, pos + 3 + vlen))
+        pos = pos + 4 + vlen
+    end
+end
+
+-- The events of seqs first..last (inclusive), in order.
+local function events_range(key, first, last)
+    local out = {}
+    local i = first
+    while i <= last do
+        local stop = math.min(last, i + CHUNK - 1)
+        local fields = {}
+        for s = i, stop do
+            fields[#fields + 1] = tostring(s)
+        end
+        local got = redis.call('HMGET', key, unpack(fields))
+        for _, v in ipairs(got) do
+            out[#out + 1] = v
+        end
+        i = stop + 1
+    end
+    return out
+end
+
+local function events_of(key, seqs)
+    local out = {}
+    local i = 1
+    while i <= #seqs do
+        local fields = {}
+        for j = i, math.min(#seqs, i + CHUNK - 1) do
+            fields[#fields + 1] = seqs[j]
+        end
+        local got = redis.call('HMGET', key, unpack(fields))
+        for _, v in ipairs(got) do
+            out[#out + 1] = v
+        end
+        i = i + CHUNK
+    end
+    return out
+end
+
+-- Record an app delta for a second step to apply (cluster). The token
+-- starts with the user's own counter, so pending deltas sort in append order.
+local function record_pending(pend_key, tail, blob)
+    local order = redis.call('HINCRBY', pend_key, '#', 1)
+    redis.call('HSET', pend_key, string.format('%016d', order) .. ':' .. tail, blob)
+end
+
+local function pending_of(pend_key)
+    if redis.call('HLEN', pend_key) > 1 then
+        return redis.call('HGETALL', pend_key)
+    end
+    return {}
+end
+
+local function expire_all(ttl, keys)
+    if ttl > 0 then
+        for _, k in ipairs(keys) do
+            redis.call('EXPIRE', k, ttl)
+        end
+    end
+end
+
+-- How many stored events the caller's copy has, or nil when unknown
+-- (the rules of events_seen in stores/base.py).
+local function events_seen(flags, marker, last_id, number, ids_key)
+    if bit.band(flags, HAS_MARKER) ~= 0 then
+        local colon = string.find(marker, ':', 1, true)
+        if not colon then
+            return nil
+        end
+        local rest = string.sub(marker, colon + 1)
+        local count = string.match(rest, '^(%d+)$') or string.match(rest, '^(%d+):%d+$')
+        if string.sub(marker, 1, colon - 1) ~= number or not count then
+            return nil
+        end
+        return tonumber(count)
+    end
+    if bit.band(flags, HAS_LAST_ID) == 0 then
+        return 0
+    end
+    local seq = redis.call('HGET', ids_key, last_id)
+    if not seq then
+        return nil
+    end
+    return tonumber(seq) + 1
+end
+
+-- KEYS: record, events, ids, times, state, positions, names, user state, index,
+--       pending, counter, guard[, app state]
+-- ARGV: sid, ttl, request count, guarded (1 in a batch), then per request:
+--   event id, timestamp, event, flags, marker, caller time, caller last id,
+--   session item count, user item count, app items blob, then the item pairs.
+-- Returns {results, pending}: one result per request tried, and the pending
+-- app deltas of this user (cluster mode) for the client to finish.
+local function append(keys, args)
+    local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local pos_key, names_key = keys[6], keys[7]
+    local ust_key, idx_key, pend_key, counter_key = keys[8], keys[9], keys[10], keys[11]
+    local guard_key, app_key = keys[12], keys[13]
+    local sid, ttl, total, guarded = args[1], tonumber(args[2]), tonumber(args[3]), args[4] == '1'
+    local results = {}
+    if guarded and redis.call('EXISTS', guard_key) == 1 then
+        -- An earlier part of this batch failed: nothing after it is tried.
+        return {results, {}}
+    end
+    local rec = read_record(rec_key)
+    local number, count, updated, last, removed = nil, 0, nil, nil, 0
+    if rec then
+        number, updated, count, last = rec[4], rec[6], tonumber(rec[7]), rec[8]
+        removed = tonumber(rec[9] or '0')
+    end
+    local wrote = false
+    -- Writes of this call, issued together (one HSET or ZADD per key) when
+    -- the call ends or before anything reads them back.
+    local buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}, names = {}, pos = {}}
+    local seq_of = {}
+    local function flush()
+        local function put(command, key, list)
+            for i = 1, #list, 2 * CHUNK do
+                redis.call(command, key, unpack(list, i, math.min(#list, i + 2 * CHUNK - 1)))
+            end
+        end
+        put('HSET', ev_key, buf.ev)
+        put('HSET', ids_key, buf.ids)
+        put('ZADD', tm_key, buf.tm)
+        put('HSET', st_key, buf.st)
+        put('HSET', ust_key, buf.ust)
+        put('HSET', names_key, buf.names)
+        put('ZADD', pos_key, buf.pos)
+        buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}, names = {}, pos = {}}
+    end
+    local function push_pairs(list, first, n)
+        for i = first, first + 2 * n - 1 do
+            list[#list + 1] = args[i]
+        end
+    end
+    -- The stored seq of every event id of this call, read in one HMGET.
+    local stored_seq = {}
+    if rec then
+        local ids, p = {}, 5
+        for i = 1, total do
+            ids[i] = args[p]
+            p = p + 10 + 2 * (tonumber(args[p + 7]) + tonumber(args[p + 8]))
+        end
+        local found = {}
+        for i = 1, #ids, CHUNK do
+            local part = redis.call('HMGET', ids_key, unpack(ids, i, math.min(#ids, i + CHUNK - 1)))
+            for j = 1, #part do
+                found[i + j - 1] = part[j]
+            end
+        end
+        for i = 1, total do
+            if found[i] then
+                stored_seq[ids[i]] = found[i]
+            end
+        end
+    end
+    local pos = 5
+    for _ = 1, total do
+        local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
+        local marker, caller_time, caller_last = args[pos + 4], args[pos + 5], args[pos + 6]
+        local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
+        local items = pos + 10
+        pos = items + 2 * (n_session + n_user)
+        local refusal = nil
+        if not rec then
+            refusal = {'no', false, false}
+        else
+            local seq = seq_of[event_id]
+            local stored = nil
+            if seq then
+                stored = seq[2]
+            else
+                seq = stored_seq[event_id]
+                if seq then
+                    stored = redis.call('HGET', ev_key, seq)
+                end
+            end
+            if seq then
+                if stored == event then
+                    results[#results + 1] = {'dup'}
+                else
+                    refusal = {'no', false, stored}
+                end
+            elseif bit.band(flags, LOCKED) == 0 then
+                if bit.band(flags, HAS_MARKER) ~= 0 then
+                    if marker ~= marker_of(number, count, removed) then
+                        refusal = {'no', false, false}
+                    end
+                else
+                    -- A copy built by hand: stale only if the store is newer
+                    -- and its last event is not the copy's last event.
+                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and caller_last or false
+                    if tonumber(updated) > tonumber(caller_time) and last ~= caller then
+                        refusal = {'no', false, false}
+                    end
+                end
+            end
+            if not refusal and not seq then
+                local known = nil
+                local catch_up = bit.band(flags, CATCH_UP) ~= 0
+                if catch_up then
+                    flush()
+                    known = events_seen(flags, marker, caller_last, number, ids_key)
+                end
+                local before = count
+                push_pairs(buf.st, items, n_session)
+                push_pairs(buf.ust, items + 2 * n_session, n_user)
+                if app_blob ~= '' then
+                    if app_key then
+                        hset_blob(app_key, app_blob)
+                    else
+                        record_pending(pend_key, number .. ':' .. event_id, app_blob)
+                    end
+                end
+                local field = tostring(count)
+                local ev, ids, tm = buf.ev, buf.ids, buf.tm
+                ev[#ev + 1], ev[#ev + 2] = field, event
+                ids[#ids + 1], ids[#ids + 2] = event_id, field
+                tm[#tm + 1], tm[#tm + 2] = ts, field
+                local names = buf.names
+                names[#names + 1], names[#names + 2] = field, event_id
+                if removed > 0 then
+                    local pos = buf.pos
+                    pos[#pos + 1], pos[#pos + 2] = field, field
+                end
+                seq_of[event_id] = {field, event}
+                count, updated, last, wrote = count + 1, ts, event_id, true
+                local result = {'ok', marker_of(number, count, removed), count, ts}
+                if catch_up then
+                    flush()
+                    local replace = 0
+                    if known == nil then
+                        known, replace = 0, 1
+                    end
+                    result[5] = replace
+                    result[6] = events_of(ev_key, positions(pos_key, removed, known, before - 1))
+                    result[7] = redis.call('HGETALL', st_key)
+                    result[8] = redis.call('HGETALL', ust_key)
+                    result[9] = app_key and redis.call('HGETALL', app_key) or false
+                    result[10] = rec[5]
+                    result[11] = known
+                end
+                results[#results + 1] = result
+            end
+        end
+        if refusal then
+            if rec then
+                rec[6], rec[7], rec[8], rec[9] = updated, tostring(count), last, tostring(removed)
+                refusal[2] = rec
+            end
+            results[#results + 1] = refusal
+            if guarded then
+                redis.call('SET', guard_key, '1', 'EX', 60)
+            end
+            break
+        end
+    end
+    flush()
+    if wrote then
+        redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
+        redis.call('ZADD', idx_key, updated, sid)
+        expire_all(ttl, {rec_key, ev_key, ids_key, tm_key, st_key, pos_key, names_key, ust_key,
+            idx_key, pend_key, counter_key})
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {results, pending}
+end
+
+-- A new session number: microseconds of server time, above every number
+-- this user's counter has handed out, so a session created later under an id
+-- always has a greater number than the one before it.
+local function new_number(counter_key)
+    local now = redis.call('TIME')
+    local number = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local last = tonumber(redis.call('GET', counter_key) or '0')
+    if number <= last then
+        number = last + 1
+    end
+    redis.call('SET', counter_key, string.format('%d', number))
+    return string.format('%d', number)
+end
+
+-- KEYS: record, state, user state, index, pending, counter[, app state]
+-- ARGV: app, user, sid, token, create time, ttl, session item count,
+--       user item count, app items blob, item pairs.
+-- Returns false when the id is taken by another session; a repeat of this
+-- very create (same token: a retry after a lost reply) answers as the first.
+local function create(keys, args)
+    local rec_key, st_key, ust_key, idx_key, pend_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local counter_key, app_key = keys[6], keys[7]
+    local token, ttl = args[4], tonumber(args[6])
+    local n_session, n_user, app_blob = tonumber(args[7]), tonumber(args[8]), args[9]
+    local rec = read_record(rec_key)
+    if rec and redis.call('HGET', rec_key, 'tk') ~= token then
+        return false
+    end
+    if not rec then
+        local number = new_number(counter_key)
+        redis.call('HSET', rec_key, 'app', args[1], 'user', args[2], 'sid', args[3],
+            'n', number, 'c', args[5], 'u', args[5], 'k', '0', 'tk', token)
+        hset_pairs(st_key, args, 10, n_session)
+        hset_pairs(ust_key, args, 10 + 2 * n_session, n_user)
+        if app_blob ~= '' then
+            if app_key then
+                hset_blob(app_key, app_blob)
+            else
+                record_pending(pend_key, number .. ':', app_blob)
+            end
+        end
+        redis.call('ZADD', idx_key, args[5], args[3])
+        expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key, counter_key})
+        rec = read_record(rec_key)
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {rec, redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
+        app_key and redis.call('HGETALL', app_key) or false, pending}
+end
+
+-- KEYS: record, events, times, state, positions, user state, pending[, app state]
+-- ARGV: last n ('' for all), after timestamp ('' for none)
+local function load(keys, args)
+    local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
+    local rec = read_record(rec_key)
+    if not rec then
+        return false
+    end
+    local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
+    local n = nil
+    if args[1] ~= '' then
+        n = tonumber(args[1])
+    end
+    local seqs
+    if args[2] ~= '' and not n then
+        -- Only the events at or after the time are read.
+        seqs = redis.call('ZRANGE', tm_key, args[2], '+inf', 'BYSCORE')
+        table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+    else
+        seqs = last_positions(pos_key, removed, count, n)
+        if args[2] ~= '' and #seqs > 0 then
+            -- The last n first, then the filter: only their times are read.
+            local after = tonumber(args[2])
+            local scores = redis.call('ZMSCORE', tm_key, unpack(seqs))
+            local kept = {}
+            for i, score in ipairs(scores) do
+                if score and tonumber(score) >= after then
+                    kept[#kept + 1] = seqs[i]
+                end
+            end
+            seqs = kept
+        end
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {rec, events_of(ev_key, seqs), redis.call('HGETALL', st_key),
+        redis.call('HGETALL', ust_key), app_key and redis.call('HGETALL', app_key) or false,
+        pending}
+end
+
+-- KEYS: record, events, ids, times, state, positions, names, index.
+-- ARGV: sid[, idle before]. With a time, deletes only a session last updated
+-- before it (an expiry that an append overtook leaves the session whole).
+local function delete(keys, args)
+    local updated = redis.call('HGET', keys[1], 'u')
+    if not updated then
+        return 0
+    end
+    if args[2] and tonumber(updated) >= tonumber(args[2]) then
+        return 0
+    end
+    redis.call('DEL', keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7])
+    redis.call('ZREM', keys[8], args[1])
+    return 1
+end
+
+-- KEYS: record, events, ids, times, positions, names.
+-- ARGV: 'before' and a time, or 'keep' and a count; the most to remove now.
+-- Removes the oldest matching events (up to the most) and returns how many;
+-- the client calls again until none is left. The session stays readable.
+local function truncate(keys, args)
+    local rec_key, ev_key, ids_key, tm_key, pos_key, names_key = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+    local rec = read_record(rec_key)
+    if not rec then
+        return -1
+    end
+    local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[3])
+    local doomed
+    if args[1] == 'before' then
+        doomed = redis.call('ZRANGE', tm_key, '-inf', '(' .. args[2], 'BYSCORE', 'LIMIT', 0, most)
+    else
+        local stored = count - removed
+        local surplus = math.min(most, stored - tonumber(args[2]))
+        if surplus <= 0 then
+            return 0
+        end
+        doomed = last_positions(pos_key, removed, count, nil)
+        for i = surplus + 1, #doomed do
+            doomed[i] = nil
+        end
+    end
+    if #doomed == 0 then
+        return 0
+    end
+    if removed == 0 then
+        -- The first truncation: from now on the positions set says which stay.
+        local all = {}
+        for s = 0, count - 1 do
+            all[#all + 1] = s
+            all[#all + 1] = tostring(s)
+            if #all >= 2 * CHUNK then
+                redis.call('ZADD', pos_key, unpack(all))
+                all = {}
+            end
+        end
+        if #all > 0 then
+            redis.call('ZADD', pos_key, unpack(all))
+        end
+    end
+    local names = redis.call('HMGET', names_key, unpack(doomed))
+    for i, seq in ipairs(doomed) do
+        if names[i] then
+            redis.call('HDEL', ids_key, names[i])
+        end
+    end
+    redis.call('HDEL', ev_key, unpack(doomed))
+    redis.call('HDEL', names_key, unpack(doomed))
+    redis.call('ZREM', tm_key, unpack(doomed))
+    redis.call('ZREM', pos_key, unpack(doomed))
+    redis.call('HSET', rec_key, 'r', tostring(removed + #doomed))
+    return #doomed
+end
+
+-- KEYS: record, events, ids, times, state, names, index, counter
+-- ARGV: app, user, sid, create time, last update time, last event id ('' none),
+--       ttl, state item count, event count, state pairs, then per event:
+--       id, timestamp, record.
+-- Writes a whole session as given; false when the id is taken.
+local function restore(keys, args)
+    local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local names_key, idx_key, counter_key = keys[6], keys[7], keys[8]
+    if redis.call('EXISTS', rec_key) == 1 then
+        return false
+    end
+    local n_state, n_events = tonumber(args[8]), tonumber(args[9])
+    local number = new_number(counter_key)
+    local fields = {'app', args[1], 'user', args[2], 'sid', args[3], 'n', number, 'c', args[4],
+        'u', args[5], 'k', tostring(n_events), 'tk', ''}
+    if args[6] ~= '' then
+        fields[#fields + 1], fields[#fields + 2] = 'l', args[6]
+    end
+    redis.call('HSET', rec_key, unpack(fields))
+    hset_pairs(st_key, args, 10, n_state)
+    local pos = 10 + 2 * n_state
+    for seq = 0, n_events - 1 do
+        local field = tostring(seq)
+        redis.call('HSET', ev_key, field, args[pos + 2])
+        redis.call('HSET', ids_key, args[pos], field)
+        redis.call('HSET', names_key, field, args[pos])
+        redis.call('ZADD', tm_key, args[pos + 1], field)
+        pos = pos + 3
+    end
+    redis.call('ZADD', idx_key, args[5], args[3])
+    expire_all(tonumber(args[7]), {rec_key, ev_key, ids_key, tm_key, st_key, names_key, idx_key,
+        counter_key})
+    return true
+end
+
+-- KEYS: app state, applied tokens. ARGV: ttl, then token, blob, token, blob, ...
+-- Applies each pending app delta once: a token already applied is skipped.
+local function apply(keys, args)
+    local now = tonumber(redis.call('TIME')[1])
+    redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now - APPLIED_HORIZON)
+    local applied = 0
+    for i = 2, #args, 2 do
+        if not redis.call('ZSCORE', keys[2], args[i]) then
+            hset_blob(keys[1], args[i + 1])
+            redis.call('ZADD', keys[2], now, args[i])
+            applied = applied + 1
+        end
+    end
+    local ttl = tonumber(args[1])
+    if ttl > 0 and redis.call('TTL', keys[1]) == -1 then
+        -- A map this call created lives as the client's upkeep would have set it.
+        redis.call('EXPIRE', keys[1], 2 * ttl)
+    end
+    return applied
+end
+
+-- KEYS: pending. ARGV: tokens applied.
+local function clear(keys, args)
+    return redis.call('HDEL', keys[1], unpack(args))
+end
+
+-- KEYS: app directory. ARGV: user, score read. Removes the user only if no
+-- create touched the entry since it was read.
+local function prune(keys, args)
+    if redis.call('ZSCORE', keys[1], args[1]) == args[2] then
+        return redis.call('ZREM', keys[1], args[1])
+    end
+    return 0
+end
+
+-- Does nothing: the round trip of an FCALL, for benchmarks.
+local function noop(keys, args)
+    return 1
+end
+
+redis.register_function('sessionscope_1_append', append)
+redis.register_function('sessionscope_1_create', create)
+redis.register_function{function_name = 'sessionscope_1_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_1_delete', delete)
+redis.register_function('sessionscope_1_truncate', truncate)
+redis.register_function('sessionscope_1_restore', restore)
+redis.register_function('sessionscope_1_apply', apply)
+redis.register_function('sessionscope_1_clear', clear)
+redis.register_function('sessionscope_1_prune', prune)
+redis.register_function{function_name = 'sessionscope_1_noop', callback = noop, flags = {'no-writes'}}

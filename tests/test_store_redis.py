@@ -1,0 +1,577 @@
+"""What is particular to the Redis store: URIs, key layout, reads, TTL, faults.
+
+The contract itself runs on Redis through the parametrized suites
+(``_stores.STORE_KINDS``); these tests look at the server underneath.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import _stores
+from _redis import RedisCluster, RedisServer
+from _stores import APP, USER, ev, event_ids
+from sessionscope import GetSessionConfig, SessionService, SyncSessionService
+from sessionscope.errors import IncompatibleStoreError, StoreError
+from sessionscope.stores import open_store
+from sessionscope.stores.base import AppendRequest
+from sessionscope.stores.redis import LIBRARY, RedisStore
+
+
+@pytest.fixture(params=_stores.REDIS_KINDS)
+def server(request: pytest.FixtureRequest) -> Any:
+    """The session's standalone server, or its cluster."""
+    return request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
+
+
+@pytest.fixture
+def uri(server: Any) -> str:
+    """A fresh store (its own prefix) on the server."""
+    return f"{server.url}?prefix=r{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def svc(uri: str) -> Iterator[SyncSessionService]:
+    with SyncSessionService(uri) as service:
+        yield service
+
+
+def raw_client(server: Any) -> Any:
+    """A plain redis-py client on the server (or cluster), for looking underneath."""
+    if isinstance(server, RedisCluster):
+        nodes = [redis.cluster.ClusterNode("127.0.0.1", s.port) for s in server.servers]
+        return redis.cluster.RedisCluster(startup_nodes=nodes)
+    return redis.Redis(port=server.port)
+
+
+def keys_of(server: Any, prefix: str) -> set[bytes]:
+    """Return every key under a store prefix, scanning the whole keyspace (every node)."""
+    client = raw_client(server)
+    try:
+        if isinstance(server, RedisCluster):
+            found: set[bytes] = set()
+            for node in client.get_primaries():
+                found.update(client.scan_iter(match=prefix + ":*", target_nodes=node))
+            return found
+        return set(client.scan_iter(match=prefix + ":*"))
+    finally:
+        client.close()
+
+
+def prefix_of(uri: str) -> str:
+    return uri.rpartition("prefix=")[2]
+
+
+# -- opening ---------------------------------------------------------------
+
+
+def test_open_store_reads_the_query(redis_server: RedisServer) -> None:
+    """redis:// takes prefix, ttl, wait and timeout; keyword options win over the query."""
+    store = open_store(f"{redis_server.url}?prefix=q1&ttl=60&timeout=2.5", ttl=30)
+    try:
+        assert isinstance(store, RedisStore)
+        assert store.prefix == "q1"
+        assert store.uri == f"{redis_server.url}?prefix=q1&ttl=30"
+        again = open_store(store.uri)
+        again.close()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "match"),
+    [
+        ("colour=red", "unknown redis:// option 'colour'"),
+        ("ttl=soon", "ttl='soon' is not valid"),
+        ("ttl=0", "ttl must be a positive"),
+        ("prefix=a{b}", "prefix must be"),
+        ("wait=-1", "wait must be"),
+        ("timeout=0", "timeout must be positive"),
+    ],
+)
+def test_bad_options_are_value_errors_and_write_nothing(
+    redis_server: RedisServer, query: str, match: str
+) -> None:
+    before = redis_server.cli("DBSIZE")
+    with pytest.raises(ValueError, match=match):
+        open_store(f"{redis_server.url}?{query}")
+    assert redis_server.cli("DBSIZE") == before
+
+
+def test_cluster_uri_names_each_node_and_refuses_wait(redis_cluster: RedisCluster) -> None:
+    with pytest.raises(ValueError, match="host:port"):
+        open_store("redis+cluster://127.0.0.1:1,nohost?prefix=x")
+    with pytest.raises(ValueError, match="wait= needs one server"):
+        open_store(f"{redis_cluster.url}?wait=1")
+
+
+def test_unreachable_server_is_a_store_error_with_a_hint() -> None:
+    port = _stores_free_port()
+    with pytest.raises(StoreError, match="redis-server runs") as caught:
+        open_store(f"redis://127.0.0.1:{port}/0?timeout=0.5")
+    assert caught.value.hint is not None
+
+
+def _stores_free_port() -> int:
+    from _redis import free_port
+
+    return free_port()
+
+
+def test_a_prefix_holding_something_else_is_refused(redis_server: RedisServer) -> None:
+    """The format record guards a prefix: other data or a newer format is refused, unchanged."""
+    client = redis.Redis(port=redis_server.port)
+    try:
+        client.set("alien:format", b"not ours")
+        with pytest.raises(IncompatibleStoreError, match="holds something else"):
+            open_store(f"{redis_server.url}?prefix=alien")
+        assert client.get("alien:format") == b"not ours"
+        store = open_store(f"{redis_server.url}?prefix=future")
+        store.close()
+        from sessionscope.codec import pack
+
+        newer = pack({"magic": "sessionscope", "format": 99})
+        client.set("future:format", newer)
+        with pytest.raises(IncompatibleStoreError, match="format 99"):
+            open_store(f"{redis_server.url}?prefix=future")
+        assert client.get("future:format") == newer
+    finally:
+        client.close()
+
+
+def test_two_prefixes_on_one_server_never_meet(server: Any) -> None:
+    first = SyncSessionService(f"{server.url}?prefix=a{uuid.uuid4().hex}")
+    second = SyncSessionService(f"{server.url}?prefix=b{uuid.uuid4().hex}")
+    with first, second:
+        s = first.create_session(app_name=APP, user_id=USER, session_id="s", state={"app:k": 1})
+        first.append_event(s, ev(delta={"user:u": 1}))
+        assert second.get_session(app_name=APP, user_id=USER, session_id="s") is None
+        assert second.list_sessions(app_name=APP).sessions == []
+        assert second.get_app_state(app_name=APP) == {}
+        assert second.get_user_state(app_name=APP, user_id=USER) == {}
+
+
+# -- key layout ------------------------------------------------------------
+
+
+def test_delete_removes_every_key_of_the_session(server: Any, uri: str) -> None:
+    """After delete, a scan of the whole keyspace finds no key the session owned."""
+    prefix = prefix_of(uri)
+    with SyncSessionService(uri) as svc:
+        before = keys_of(server, prefix)
+        s = svc.create_session(
+            app_name=APP, user_id=USER, session_id="gone", state={"k": 1, "user:u": 1, "app:a": 1}
+        )
+        for i in range(5):
+            svc.append_event(s, ev(delta={f"k{i}": i, "app:a": i, "user:u": i}, ts=100.0 + i))
+        during = keys_of(server, prefix)
+        assert len(during - before) >= 5
+        svc.delete_session(app_name=APP, user_id=USER, session_id="gone")
+        after = keys_of(server, prefix)
+        left = {key for key in after - before if b"gone" in key}
+        assert left == set()
+        # What stays is shared: the app and user maps (the contract keeps them), the
+        # app's user directory, the store's apps, the user's session number
+        # counter, and the bookkeeping of app deltas (cluster).
+        shared = (b"}a", b"}u", b"}d", b"}p", b"}k", b"}c", b":apps")
+        assert all(key.endswith(shared) for key in after - before), after - before
+        assert svc.get_app_state(app_name=APP) == {"a": 4}
+        assert svc.get_user_state(app_name=APP, user_id=USER) == {"u": 4}
+        assert svc.list_sessions(app_name=APP).sessions == []
+
+
+def test_a_session_and_its_user_share_a_slot_and_apps_spread(server: Any, uri: str) -> None:
+    """Keys are hash-tagged per (app, user): one slot per user, users spread over slots."""
+    prefix = prefix_of(uri)
+    client = raw_client(server)
+    with SyncSessionService(uri) as svc:
+        for user in ("u1", "u2", "u3", "u4", "u5", "u6"):
+            s = svc.create_session(app_name=APP, user_id=user, session_id="s", state={"user:x": 1})
+            svc.append_event(s, ev(delta={"k": 1}))
+        slots: dict[bytes, set[int]] = {}
+        for key in keys_of(server, prefix):
+            if b"{u" in key:
+                tag = key[key.index(b"{") : key.index(b"}") + 1]
+                slots.setdefault(tag, set()).add(
+                    int(client.execute_command("CLUSTER KEYSLOT", key))
+                    if isinstance(server, RedisCluster)
+                    else redis.crc.key_slot(key)
+                )
+    client.close()
+    assert len(slots) == 6
+    assert all(len(found) == 1 for found in slots.values())
+    assert len({next(iter(found)) for found in slots.values()}) > 1
+
+
+def test_ids_with_braces_colons_and_nul_stay_apart(svc: SyncSessionService) -> None:
+    """Ids that look like key syntax (hash tags, separators) never collide."""
+    ids = ["{x}", "x}", "{", "a:b", "a", "r:a", "\x00", "}{"]
+    for i, sid in enumerate(ids):
+        s = svc.create_session(app_name="{app}", user_id="{u}:x", session_id=sid, state={"n": i})
+        svc.append_event(s, ev(delta={"user:last": sid}))
+    for i, sid in enumerate(ids):
+        got = svc.get_session(app_name="{app}", user_id="{u}:x", session_id=sid)
+        assert got is not None and got.state["n"] == i and len(got.events) == 1
+    assert sorted(m.id for m in svc.list_sessions(app_name="{app}").sessions) == sorted(ids)
+
+
+# -- reads -----------------------------------------------------------------
+
+
+def _spoil_events(server: Any, uri: str, sid: str, seqs: range) -> None:
+    """Overwrite stored event records with bytes that cannot be decoded."""
+    prefix = prefix_of(uri)
+    client = raw_client(server)
+    try:
+        (events_key,) = [k for k in keys_of(server, prefix) if k.endswith(b"}e:" + sid.encode())]
+        for seq in seqs:
+            client.hset(events_key, str(seq), b"\xff not an event")
+    finally:
+        client.close()
+
+
+def test_last_n_reads_only_n_events(server: Any, uri: str, svc: SyncSessionService) -> None:
+    """Events before the last n are never read: spoiling them does not disturb the read."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="long")
+    for i in range(30):
+        svc.append_event(s, ev(content={"i": i}, ts=float(i)))
+    _spoil_events(server, uri, "long", range(25))
+    tail = svc.get_session(
+        app_name=APP, user_id=USER, session_id="long", config=GetSessionConfig(num_recent_events=5)
+    )
+    assert tail is not None and [e.content["i"] for e in tail.events] == list(range(25, 30))
+    with pytest.raises(StoreError):
+        svc.get_session(app_name=APP, user_id=USER, session_id="long")
+
+
+def test_after_timestamp_reads_only_what_it_returns(
+    server: Any, uri: str, svc: SyncSessionService
+) -> None:
+    """Events before the time are never read, also when timestamps arrive out of order."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="t")
+    stamps = [5.0, 1.0, 2.0, 3.0, 9.0, 4.0, 7.0, 8.0]
+    for i, stamp in enumerate(stamps):
+        svc.append_event(s, ev(content={"i": i}, ts=stamp))
+    _spoil_events(server, uri, "t", range(1, 4))  # the events at 1.0, 2.0 and 3.0
+    got = svc.get_session(
+        app_name=APP, user_id=USER, session_id="t", config=GetSessionConfig(after_timestamp=4.0)
+    )
+    assert got is not None and [e.timestamp for e in got.events] == [5.0, 9.0, 4.0, 7.0, 8.0]
+    both = svc.get_session(
+        app_name=APP,
+        user_id=USER,
+        session_id="t",
+        config=GetSessionConfig(after_timestamp=7.5, num_recent_events=3),
+    )
+    assert both is not None and [e.timestamp for e in both.events] == [8.0]
+
+
+# -- TTL -------------------------------------------------------------------
+
+
+def test_ttl_expires_an_idle_session_whole_and_keeps_shared_maps_longer(server: Any) -> None:
+    prefix = f"ttl{uuid.uuid4().hex}"
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=2") as svc:
+        s = svc.create_session(
+            app_name=APP, user_id=USER, session_id="s", state={"app:a": 1, "user:u": 1}
+        )
+        svc.append_event(s, ev(delta={"k": 1}))
+        client = raw_client(server)
+        try:
+            keys = keys_of(server, prefix)
+            # The shared maps are read first: set no earlier than the session's
+            # keys, they must not expire before them.
+            shared = [client.pttl(k) for k in keys if k.endswith((b"}a", b"}u", b"}d"))]
+            session = [client.pttl(k) for k in keys if k.endswith((b"r:s", b"e:s", b"s:s"))]
+            format_ttl = client.ttl(prefix + ":format")
+        finally:
+            client.close()
+        assert len(session) == 3 and all(0 < t <= 2000 for t in session)
+        assert len(shared) == 3 and min(shared) >= max(session)
+        assert format_ttl == -1
+        deadline = time.monotonic() + 10
+        while svc.get_session(app_name=APP, user_id=USER, session_id="s") is not None:
+            assert time.monotonic() < deadline, "the session did not expire"
+            time.sleep(0.2)
+        assert svc.list_sessions(app_name=APP).sessions == []
+        left = {key for key in keys_of(server, prefix) if key.endswith(b":s") or b"}e:" in key}
+        assert left == set()
+
+
+def test_an_append_refreshes_the_ttl(server: Any) -> None:
+    prefix = f"ttl{uuid.uuid4().hex}"
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=3") as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        for _ in range(4):
+            time.sleep(1.0)
+            svc.append_event(s, ev())
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None and len(got.events) == 4
+
+
+# -- retries, library, async -----------------------------------------------
+
+
+def test_a_retried_append_is_a_no_op(uri: str) -> None:
+    """The same request sent twice (as after a lost reply) is stored once."""
+    store = open_store(uri)
+    try:
+        svc = SyncSessionService(store)
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        event = ev(delta={"k": 1})
+        svc.append_event(s, event)
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert stored is not None
+        request = AppendRequest(
+            APP, USER, "s", event.id, event.timestamp, svc._core.model.encode_event(event),
+            session_items=[("k", b"\x01")], marker=None, caller_update_time=0.0,
+        )  # fmt: skip
+        result = store.append(request).result()
+        assert result.duplicate
+        again = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert again is not None and event_ids(again) == [event.id]
+        assert again.revision == stored.revision
+    finally:
+        store.close()
+
+
+def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:
+    """A server that lost its functions (restart without persistence) gets them back."""
+    with SyncSessionService(uri) as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        nodes = server.servers if isinstance(server, RedisCluster) else [server]
+        for node in nodes:
+            node.cli("FUNCTION", "DELETE", LIBRARY)
+        svc.append_event(s, ev(delta={"k": 1}))
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None and got.state == {"k": 1}
+        assert all(LIBRARY in node.cli("FUNCTION", "LIST") for node in nodes)
+
+
+def test_one_store_serves_several_event_loops(uri: str) -> None:
+    """Each running loop gets its own async client; the sync face works between them."""
+    store = open_store(uri)
+    try:
+        asvc = SessionService(store)
+
+        async def add(sid: str) -> None:
+            s = await asvc.create_session(app_name=APP, user_id=USER, session_id=sid)
+            await asvc.append_event(s, ev(delta={"k": sid}))
+
+        for sid in ("a", "b", "c"):
+            asyncio.run(add(sid))
+        sync = SyncSessionService(store)
+        assert sorted(m.id for m in sync.list_sessions(app_name=APP).sessions) == ["a", "b", "c"]
+    finally:
+        store.close()
+
+
+def test_a_cancelled_async_append_still_lands_and_matches(uri: str) -> None:
+    """A write is not torn by cancelling the task that awaits it."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        async with SessionService(uri) as asvc:
+            s = await asvc.create_session(app_name=APP, user_id=USER, session_id="s")
+            event = ev(delta={"k": 1})
+            task = asyncio.ensure_future(asvc.append_event(s, event))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            got = await asvc.get_session(app_name=APP, user_id=USER, session_id="s")
+            assert got is not None
+            return event_ids(got), event_ids(s)
+
+    stored, live = asyncio.run(scenario())
+    assert stored == live
+
+
+# -- faults ----------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test's own, with an append-only file, stopped at the end."""
+    server = RedisServer(tmp_path / "own", "--appendonly", "yes", "--appendfsync", "always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_killed_server_gives_store_errors_then_a_restart_serves_again(
+    own_server: RedisServer,
+) -> None:
+    """Connection loss is a StoreError, sync and async; the same files serve after a restart."""
+    with SyncSessionService(f"{own_server.url}?prefix=f&timeout=1") as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        svc.append_event(s, ev(delta={"k": 1}))
+        own_server.kill()
+        with pytest.raises(StoreError, match="redis-server runs"):
+            svc.append_event(s, ev(delta={"k": 2}))
+        with pytest.raises(StoreError):
+            svc.get_session(app_name=APP, user_id=USER, session_id="s")
+
+        async def read() -> Any:
+            return await SessionService(svc.store).get_session(
+                app_name=APP, user_id=USER, session_id="s"
+            )
+
+        with pytest.raises(StoreError):
+            asyncio.run(read())
+        own_server.start()
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None and got.state == {"k": 1} and len(got.events) == 1
+        svc.append_event(got, ev(delta={"k": 3}))
+        assert asyncio.run(read()).state == {"k": 3}
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_answering_times_out(own_server: RedisServer) -> None:
+    """A server that accepts but never answers (SIGSTOP) gives a StoreError, not a hang."""
+    with SyncSessionService(f"{own_server.url}?prefix=f&timeout=0.5") as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        own_server.pause()
+        try:
+            with pytest.raises(StoreError, match="did not answer in time"):
+                svc.append_event(s, ev(delta={"k": 1}))
+
+            async def append() -> None:
+                await SessionService(svc.store).append_event(s, ev(delta={"k": 2}))
+
+            with pytest.raises(StoreError):
+                asyncio.run(append())
+        finally:
+            own_server.resume()
+        # The append may have landed before the timeout: a retry of the same event is safe.
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None and len(got.events) <= 2
+
+
+@pytest.mark.slow
+def test_wait_for_a_replica(tmp_path: Path) -> None:
+    """wait=1 returns once a replica has the write; with no replica it is a StoreError."""
+    primary = RedisServer(tmp_path / "primary").start()
+    replica = None
+    try:
+        with SyncSessionService(f"{primary.url}?prefix=w&wait=1&timeout=0.5") as svc:
+            with pytest.raises(StoreError, match="0 of 1 replicas"):
+                svc.create_session(app_name=APP, user_id=USER, session_id="alone")
+            replica = RedisServer(
+                tmp_path / "replica", "--replicaof", "127.0.0.1", str(primary.port)
+            ).start()
+            deadline = time.monotonic() + 20
+            while "master_link_status:up" not in replica.cli("INFO", "replication"):
+                assert time.monotonic() < deadline, "the replica did not connect"
+                time.sleep(0.1)
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+            svc.append_event(s, ev(delta={"k": 1}))
+        with SyncSessionService(f"redis://127.0.0.1:{replica.port}/0?prefix=w") as on_replica:
+            got = on_replica.get_session(app_name=APP, user_id=USER, session_id="s")
+            assert got is not None and got.state == {"k": 1}
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+# -- replay and bench ------------------------------------------------------
+
+
+def test_replay_of_the_sample_trace_verifies_on_redis(uri: str) -> None:
+    """The replay command runs a trace on a Redis store and verifies every state."""
+    from sessionscope.cli import main
+
+    assert main(["replay", "sample", "--store", uri, "--no-progress"]) == 0
+
+
+def test_bench_replays_on_given_stores_under_its_own_prefixes(server: Any, tmp_path: Path) -> None:
+    """bench --store adds the store (plain and bulk), each under a fresh prefix, dropped after."""
+    from sessionscope import bench
+
+    targets = bench._targets(tmp_path, False, {}, (server.url,))
+    scoped = [uri for uri, _ in targets if uri.startswith(server.url)]
+    assert len(scoped) == 2 and len(set(scoped)) == 2
+    assert all("prefix=sessionscope-bench-" in uri for uri in scoped)
+    for uri in scoped:
+        with SyncSessionService(uri) as svc:
+            svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    bench._drop_scoped_stores(targets)
+    for uri in scoped:
+        assert keys_of(server, prefix_of(uri)) == set()
+
+
+def test_delete_user_and_app_leave_no_key_behind(server: Any, uri: str) -> None:
+    """After delete_app, a scan of the keyspace finds nothing of the app's users or sessions."""
+    prefix = prefix_of(uri)
+    with SyncSessionService(uri) as svc:
+        before = keys_of(server, prefix)
+        made = {}
+        for user in ("u1", "u2"):
+            s = svc.create_session(app_name=APP, user_id=user, state={"app:a": 1, "user:u": 1})
+            svc.append_event(s, ev(delta={"k": 1, "app:a": 2, "user:u": 2}))
+            made[user] = s.id
+        # A truncated session has a positions set too: it must go as well.
+        assert svc.store.truncate_events(APP, "u1", made["u1"], None, 0).result() == 1
+        assert svc.store.delete_app(APP).result() == 2
+        left = keys_of(server, prefix) - before
+        assert left == {(prefix + ":apps").encode()} or left == set()
+        assert svc.store.list_apps() == []
+
+
+@pytest.mark.slow
+def test_rediss_speaks_tls_to_a_tls_only_server(tmp_path: Path) -> None:
+    """rediss:// with a CA file reaches a server that only speaks TLS; plain redis:// cannot."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate")
+    directory = tmp_path / "tls"
+    directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem"),
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    server = RedisServer(directory / "data")
+    port = server.port
+    server.options = (
+        "--port", "0", "--tls-port", str(port),
+        "--tls-cert-file", str(directory / "cert.pem"),
+        "--tls-key-file", str(directory / "key.pem"),
+        "--tls-ca-cert-file", str(directory / "cert.pem"),
+        "--tls-auth-clients", "no",
+    )  # fmt: skip
+    # The server answers only over TLS: redis-cli's plain PING cannot see it start.
+    server.cli = lambda *args, check=True: subprocess.run(  # type: ignore[method-assign]
+        ["redis-cli", "--tls", "--cacert", str(directory / "cert.pem"), "-p", str(port), *args],
+        capture_output=True, timeout=30, check=False,
+    ).stdout.decode().strip()  # fmt: skip
+    server.start()
+    try:
+        uri = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={directory / 'cert.pem'}&prefix=tls"
+        with SyncSessionService(uri) as svc:
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+            svc.append_event(s, ev(delta={"k": 1}))
+            assert svc.store.uri.startswith("rediss://")
+            with SyncSessionService(svc.store.uri) as again:
+                got = again.get_session(app_name=APP, user_id=USER, session_id="s")
+                assert got is not None and got.state == {"k": 1}
+        with pytest.raises(StoreError):
+            open_store(f"redis://127.0.0.1:{port}/0?prefix=tls&timeout=1")
+        with pytest.raises(ValueError, match="needs a rediss://"):
+            open_store(f"redis://127.0.0.1:{port}/0?ssl_ca_certs=x")
+    finally:
+        server.stop()
