@@ -139,7 +139,12 @@ def test_bench_quick_tiny(tmp_path: Path) -> None:
     assert "sessionscope lmdb durable" in done.stdout
     assert "raw lmdb put+commit, fsync" in done.stdout
     assert "lift" in done.stdout
+    assert "speed targets" in done.stdout
+    assert "raw txn, same gets/puts, fsync" in done.stdout
     results = json.loads((out / "results.json").read_text())
+    names = {figure["name"] for figure in results["targets"]}
+    assert {"native deferred append (sync)", "durable append, async API"} <= names
+    assert "replay --batch 1000" in names
     assert results["results"][0]["problems"] == []
     assert set(results["throughput_vs_writers"]) >= {"sessionscope lmdb durable, asyncio tasks"}
     pytest.importorskip("matplotlib")

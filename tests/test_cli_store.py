@@ -123,7 +123,9 @@ def stop(process: subprocess.Popen[str]) -> None:
 # -- help and usage ----------------------------------------------------------------
 
 
-COMMANDS = ("ls", "show", "tail", "stats", "verify", "backup", "compact", "export", "import")
+COMMANDS = (
+    "ls", "show", "tail", "stats", "verify", "backup", "compact", "upgrade", "export", "import",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("command", [*COMMANDS, "migrate"])

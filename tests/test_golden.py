@@ -1,8 +1,8 @@
-"""A store written by an earlier version (format 1) reads back exactly.
+"""Stores written by earlier versions (formats 1 and 2) read back exactly.
 
-``tests/golden/format-1`` was written once by ``tests/golden/make_golden.py``
-and is never rewritten: a change to the layout or the codec that cannot read
-it breaks this test, and needs a new format version and a migration.
+``tests/golden/format-N`` was written once by ``tests/golden/make_golden.py``
+in format N and is never rewritten: a change to the layout or the codec that
+cannot read one breaks this test, and needs a new format version.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from golden.make_golden import APP, ODD_ID, VALUES
+from golden.make_golden import APP, LATE_APP, LATE_TIMES, ODD_ID, VALUES
 from sessionscope import (
     Event,
     EventActions,
@@ -24,30 +24,34 @@ from sessionscope import (
     codec,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "format-1"
+GOLDEN = Path(__file__).parent / "golden"
+FORMATS = (1, 2)
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[SyncSessionService]:
-    """Open a copy of the golden store: the committed files are never touched."""
+@pytest.fixture(params=FORMATS)
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SyncSessionService]:
+    """Open a copy of a golden store: the committed files are never touched."""
     copy = tmp_path / "store"
     copy.mkdir()
-    shutil.copy(GOLDEN / "data.mdb", copy / "data.mdb")
+    shutil.copy(GOLDEN / f"format-{request.param}" / "data.mdb", copy / "data.mdb")
     opened = SyncSessionService(LmdbStore(copy))
+    assert opened.store.format == request.param  # type: ignore[attr-defined]
+    assert opened.store.check_layout() == []  # type: ignore[attr-defined]
     yield opened
     opened.close()
 
 
-def test_the_golden_store_records_format_1() -> None:
-    env = lmdb.open(str(GOLDEN), readonly=True, lock=False, max_dbs=8)
+@pytest.mark.parametrize("version", FORMATS)
+def test_each_golden_store_records_its_format(version: int) -> None:
+    env = lmdb.open(str(GOLDEN / f"format-{version}"), readonly=True, lock=False, max_dbs=8)
     try:
         with env.begin() as txn:
             meta = env.open_db(b"meta", txn=txn, create=False)
             header = txn.get(b"format", db=meta)
     finally:
         env.close()
-    assert header is not None and header[0] == 1
-    assert codec.unpack(header[1:]) == {"magic": "sessionscope", "format": 1}
+    assert header is not None and header[0] == version
+    assert codec.unpack(header[1:]) == {"magic": "sessionscope", "format": version}
 
 
 def test_sessions_state_and_events_read_back(service: SyncSessionService) -> None:
@@ -96,3 +100,28 @@ def test_the_golden_store_takes_new_appends(service: SyncSessionService) -> None
     )
     again = service.get_session(app_name=APP, user_id="ada", session_id="s1")
     assert again is not None and len(again.events) == 6 and again.state["turn"] == 5
+    page = service.list_sessions(app_name=APP, limit=1)
+    assert [(m.user_id, m.id) for m in page.sessions] == [("bob", ODD_ID)]
+    assert page.next_cursor is not None
+    rest = service.list_sessions(app_name=APP, limit=1, cursor=page.next_cursor)
+    assert [(m.user_id, m.id) for m in rest.sessions] == [("ada", "s1")]
+    assert service.store.check_layout() == []  # type: ignore[attr-defined]
+
+
+def test_format_2_keeps_a_time_index_only_where_times_went_back(tmp_path: Path) -> None:
+    copy = tmp_path / "store"
+    copy.mkdir()
+    shutil.copy(GOLDEN / "format-2" / "data.mdb", copy / "data.mdb")
+    with SyncSessionService(LmdbStore(copy)) as service:
+        late = service.get_session(
+            app_name=LATE_APP,
+            user_id="cy",
+            session_id="late",
+            config=GetSessionConfig(after_timestamp=1_700_000_025.0),
+        )
+        assert late is not None and [e.id for e in late.events] == ["l1", "l3"]
+        assert [e.timestamp for e in late.events] == [LATE_TIMES[1], LATE_TIMES[3]]
+        (record,) = service.store.list_sessions(LATE_APP, None)
+        assert record.time_indexed
+        (ada, odd) = sorted(service.store.list_sessions(APP, None), key=lambda r: r.user_id)
+        assert not ada.time_indexed and not odd.time_indexed

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from _stores import APP, USER, ev, snapshot_dir
+from _stores import APP, USER, child_env, ev, snapshot_dir
 from sessionscope import LmdbStore, SessionService, SyncSessionService
 from sessionscope.errors import IncompatibleStoreError, StoreError
 from test_processes import Child, children
@@ -351,3 +352,54 @@ def test_a_read_only_filesystem_is_named_in_the_hint(tmp_path: Path) -> None:
         with pytest.raises(StoreError) as info:
             LmdbStore(where / "new")
         assert info.value.hint is not None and "read-only" in info.value.hint
+
+
+_FILL_THROUGH_THE_MAP = """
+import sys
+from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
+from sessionscope.errors import StoreError
+
+store = LmdbStore(sys.argv[1], durability="deferred", map_size=1 << 20)
+print("writemap", store.writemap, flush=True)
+service = SyncSessionService(store)
+session = service.create_session(app_name="app", user_id="user", session_id="s")
+for n in range(1000):
+    event = Event(author="user", actions=EventActions(state_delta={f"k{n}": "x" * 20_000}))
+    try:
+        service.append_event(session, event)
+    except StoreError as error:
+        print("error", error.hint, flush=True)
+        break
+    print("stored", event.id, flush=True)
+store.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_full_filesystem_under_a_writable_map_is_a_store_error(tmp_path: Path) -> None:
+    """A deferred store writes through its map; the disk filling up is an error, not SIGBUS."""
+    with _tmpfs(tmp_path / "small", "4m") as small:
+        path = small / "store"
+        child = subprocess.run(
+            [sys.executable, "-c", _FILL_THROUGH_THE_MAP, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(),
+            check=False,
+        )
+        # A negative status would be the signal that killed it (SIGBUS).
+        assert child.returncode == 0, (child.returncode, child.stderr)
+        lines = child.stdout.splitlines()
+        assert lines[0] == "writemap True"
+        assert lines[-1] == "closed"
+        errors = [line for line in lines if line.startswith("error")]
+        assert len(errors) == 1 and "disk space" in errors[0]
+        acknowledged = [line.split()[1] for line in lines if line.startswith("stored")]
+        assert acknowledged
+        with SyncSessionService(LmdbStore(path)) as again:
+            stored = again.get_session(app_name=APP, user_id=USER, session_id="s")
+            assert stored is not None
+            assert [e.id for e in stored.events] == acknowledged
+            assert again.store.check_layout() == []  # type: ignore[attr-defined]

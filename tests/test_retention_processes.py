@@ -212,8 +212,11 @@ def test_expiry_while_another_process_appends(tmp_path: Path) -> None:
             assert session is not None
             assert [e.author for e in session.events] == ["setup", "child"]
             assert session.state == {"touched": True}
-        # No entry of a removed session is left: 3 per event and 1 per state key.
-        assert store.stat()["entries"]["data"] == len(kept) * (2 * 3 + 1)
+        # No entry of a removed session is left: per event its record and id
+        # index entry (these events are in time order: no time index), and
+        # 1 per state key; the list index holds the kept sessions only.
+        assert store.stat()["entries"]["data"] == len(kept) * (2 * 2 + 1)
+        assert store.stat()["entries"]["listing"] == len(kept)
         assert store.stat()["entries"]["meta"] == 2
 
 
@@ -257,5 +260,6 @@ def test_delete_app_while_another_process_appends(tmp_path: Path) -> None:
         assert svc.get_user_state(app_name=APP, user_id=USER) == {}
         entries = store.stat()["entries"]
         assert (entries["sessions"], entries["shared"], entries["data"]) == (0, 0, 0)
+        assert entries["listing"] == 0
         assert entries["meta"] == 2
         assert store.check_layout() == []

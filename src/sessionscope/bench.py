@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import lmdb
 
-from . import codec
+from . import codec, speed
 from .core import IMPLEMENTATION
 from .model import Event, EventActions
 from .replay import (
@@ -58,13 +58,15 @@ class BenchConfig:
     sessions: int = 400
     seed: int = 0
     budget_s: float = 10.0
-    lengths: tuple[int, ...] = (10, 100, 1000, 10_000)
+    lengths: tuple[int, ...] = (10, 100, 1000, 10_000, 100_000)
     sweep_budget_s: float = 8.0
     writers: tuple[int, ...] = (1, 8, 64)
     writer_seconds: float = 1.5
     batch: int = 256
     peers: bool = True
     charts: bool = True
+    # The speed targets, each against its peer (speed.py); None skips them.
+    targets: speed.SpeedConfig | None = field(default_factory=speed.SpeedConfig)
     # More stores to replay on (e.g. redis://host:port/0), each under a fresh prefix.
     stores: tuple[str, ...] = ()
 
@@ -78,6 +80,7 @@ class BenchConfig:
             sweep_budget_s=0.6,
             writer_seconds=0.4,
             batch=256,
+            targets=speed.SpeedConfig.quick(),
         )
 
 
@@ -92,6 +95,7 @@ class BenchReport:
     skipped: dict[str, str] = field(default_factory=dict)
     lengths: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     concurrency: dict[str, dict[int, float]] = field(default_factory=dict)
+    targets: list[speed.Figure] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,6 +109,7 @@ class BenchReport:
             "latency_vs_length_us": self.lengths,
             "throughput_vs_writers": self.concurrency,
             "concurrency_lift": {name: lift(v) for name, v in self.concurrency.items()},
+            "targets": [figure.to_dict() for figure in self.targets],
             "elapsed_s": self.elapsed_s,
         }
 
@@ -181,6 +186,11 @@ class BenchReport:
             columns.append(Column("lift", True))
             title = "durable appends per second against concurrent writers"
             out += ["", render_table(columns, cells, title=title)]
+        if self.targets:
+            columns = ["target", Column("ours", True), Column("peer, same run", True)]
+            columns += [Column("ratio", True), "limit", "verdict"]
+            title = "speed targets: medians over rounds, each beside its peer from this run"
+            out += ["", render_table(columns, list(speed.rows(self.targets)), title=title)]
         out += ["", f"total {self.elapsed_s:.1f} s"]
         return "\n".join(out)
 
@@ -569,6 +579,8 @@ def run(
         report.concurrency = concurrency_sweep(
             directory, config.writers, config.writer_seconds, config.peers
         )
+        if config.targets is not None:
+            report.targets = _speed_targets(config.targets, config.peers, report, directory, log)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         _drop_scoped_stores(targets)
@@ -576,6 +588,28 @@ def run(
     if out is not None:
         write_outputs(report, out, config.charts)
     return report
+
+
+def _speed_targets(
+    config: speed.SpeedConfig, peers: bool, report: BenchReport, directory: Path, log: IO[str]
+) -> list[speed.Figure]:
+    def say(line: str) -> None:
+        log.write(line + "\n")
+        log.flush()
+
+    workspace = directory / "speed"
+    workspace.mkdir()
+    return speed.measure(
+        config,
+        workspace,
+        adk=peers and adk_available() is None,
+        lengths=report.lengths.get("sessionscope lmdb deferred"),
+        concurrency={
+            "tasks": report.concurrency.get("sessionscope lmdb durable, asyncio tasks", {}),
+            "threads": report.concurrency.get("sessionscope lmdb durable, threads", {}),
+        },
+        log=say,
+    )
 
 
 def _drop_scoped_stores(targets: list[tuple[str, int]]) -> None:

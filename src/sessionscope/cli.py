@@ -221,6 +221,15 @@ def _store_commands(commands: Any) -> None:
     )
     uri(compact)
 
+    upgrade = add(
+        "upgrade",
+        "bring an LMDB store to the current store format, in place",
+        "Add what the current format has (format 2: the list index) to a store of an "
+        "earlier format, in one crash-safe transaction. Refused while another process "
+        "has the store open.",
+    )
+    uri(upgrade)
+
     export = add(
         "export",
         "write a store (or an app or user) as a dump, or an app as a trace",

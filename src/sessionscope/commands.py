@@ -40,6 +40,7 @@ from .ops import (
 )
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession
+from .stores.lmdb import FORMAT_VERSION
 
 __all__ = ["HANDLERS"]
 
@@ -519,6 +520,26 @@ def backup_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def upgrade_command(args: argparse.Namespace) -> int:
+    """Bring a closed LMDB store to the current store format, in place."""
+    path = _lmdb_only(args.uri, "upgrade")
+    if not (path / "data.mdb").is_file():
+        raise UsageError(f"no store: {path} holds none")
+    try:
+        before = LmdbStore.upgrade(path)
+    except IncompatibleStoreError as error:
+        raise UsageError(str(error)) from None
+    document = {"path": str(path), "format_before": before, "format": FORMAT_VERSION}
+
+    def text() -> str:
+        if before == FORMAT_VERSION:
+            return f"{path} is already format {FORMAT_VERSION}: nothing to do"
+        return f"{path} upgraded from format {before} to format {FORMAT_VERSION}"
+
+    _emit(args, document, text)
+    return 0
+
+
 def compact_command(args: argparse.Namespace) -> int:
     """Rewrite a closed LMDB store without free pages, via a verified copy."""
     path = _lmdb_only(args.uri, "compact")
@@ -669,6 +690,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "verify": verify,
     "backup": backup_command,
     "compact": compact_command,
+    "upgrade": upgrade_command,
     "export": export_command,
     "import": import_command,
     "migrate": migrate_command,

@@ -82,11 +82,11 @@ def session_page(
     The page is the service's listing page (least recently active first);
     a session's size is its events' and its own state's stored bytes.
     """
-    from .service import check_page, page_of
+    from .service import check_page, cursor_position, page_of
 
     check_page(limit, cursor)
-    records = store.list_sessions(app_name, user_id)
-    page = page_of(records, limit, cursor)
+    records, more = store.list_page(app_name, user_id, limit, cursor_position(cursor))
+    page = page_of(records, more)
     by_ids = {(r.user_id, r.session_id): r for r in records}
     rows = []
     for meta in page.sessions:

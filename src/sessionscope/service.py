@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import heapq
 import math
 import threading
 import time
@@ -39,9 +38,11 @@ from .stores import Store, open_store
 from .stores.base import (
     AppendRequest,
     AppendResult,
+    ListPosition,
     LoadedSession,
     SessionRecord,
     finite_float,
+    list_position,
     marker_position,
 )
 
@@ -433,7 +434,7 @@ class ServiceCore(Generic[S, E]):
         """Return one page of session metadata, in listing order."""
         owner = self.check_owner(app_name, user_id)
         check_page(limit, cursor)
-        return page_of(self.store.list_sessions(*owner), limit, cursor)
+        return page_of(*self.store.list_page(*owner, limit, cursor_position(cursor)))
 
     def check_key(
         self, app_name: object, user_id: object, session_id: object
@@ -628,10 +629,6 @@ class ServiceCore(Generic[S, E]):
         model.update_session(session, result.last_update_time, result.marker)
 
 
-def _list_order(record: SessionRecord) -> tuple[float, str, str]:
-    return record.last_update_time, record.user_id, record.session_id
-
-
 def check_page(limit: object, cursor: object) -> None:
     """Refuse a page size or cursor a listing cannot take, before the store is read."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
@@ -642,19 +639,15 @@ def check_page(limit: object, cursor: object) -> None:
         _decode_cursor(cursor)
 
 
-def page_of(
-    records: list[SessionRecord], limit: int | None, cursor: str | None
-) -> ListSessionsResponse:
-    """Return the page of session metadata after ``cursor``, in listing order."""
-    if cursor is not None:
-        after = _decode_cursor(cursor)
-        records = [r for r in records if _list_order(r) > after]
-    if limit is None or len(records) <= limit:
-        page, more = sorted(records, key=_list_order), False
-    else:
-        page, more = heapq.nsmallest(limit, records, key=_list_order), True
+def cursor_position(cursor: str | None) -> ListPosition | None:
+    """Return the listing position a cursor names (None: from the start)."""
+    return None if cursor is None else _decode_cursor(cursor)
+
+
+def page_of(page: list[SessionRecord], more: bool) -> ListSessionsResponse:
+    """Return a store's listing page as session metadata, with the cursor past it."""
     metas = [_meta(record) for record in page]
-    next_cursor = _encode_cursor(_list_order(page[-1])) if more else None
+    next_cursor = _encode_cursor(list_position(page[-1])) if more and page else None
     return ListSessionsResponse(metas, next_cursor)
 
 
@@ -867,7 +860,7 @@ class SessionService(AsyncSessions[Session, Event]):
         """List session metadata, least recently active first; pages with limit."""
         owner = self._core.check_owner(app_name, user_id)
         check_page(limit, cursor)
-        return page_of(await self.store.aio.list_sessions(*owner), limit, cursor)
+        return page_of(*await self.store.aio.list_page(*owner, limit, cursor_position(cursor)))
 
 
 class SyncSessionService:

@@ -1,10 +1,10 @@
-"""Write the golden store of format 1 that tests/test_golden.py reads back.
+"""Write the golden store that tests/test_golden.py reads back, in the current format.
 
 Run it only to add a golden store for a new format version; a committed
 store is never rewritten, since its point is to be what an earlier version
-wrote:
+wrote (format-1 by version 1 of the layout, format-2 by version 2):
 
-    python tests/golden/make_golden.py tests/golden/format-1
+    python tests/golden/make_golden.py tests/golden/format-2
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ VALUES = {
     "map": {"k": {"nested": [None, False]}},
 }
 ODD_ID = "s/1:\x00 ünïcode " + "x" * 300
+LATE_APP = "golden-late"
+LATE_TIMES = (1_700_000_010.0, 1_700_000_030.0, 1_700_000_020.0, 1_700_000_040.0)
 
 
 def write(path: Path) -> None:
@@ -55,6 +57,10 @@ def write(path: Path) -> None:
         service.append_event(
             odd, Event(id="only", author="user", timestamp=1_700_000_100.0, content="hi")
         )
+        # Format 2 and later: events out of time order, so the session keeps a time index.
+        late = service.create_session(app_name=LATE_APP, user_id="cy", session_id="late")
+        for n, stamp in enumerate(LATE_TIMES):
+            service.append_event(late, Event(id=f"l{n}", author="user", timestamp=stamp))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import heapq
 import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable
@@ -34,6 +35,7 @@ __all__ = [
     "EventCopy",
     "Expirer",
     "InlineAsyncStore",
+    "ListPosition",
     "LoadedSession",
     "Pending",
     "SessionCopy",
@@ -48,11 +50,15 @@ __all__ = [
     "events_seen",
     "finish_all",
     "finite_float",
+    "list_position",
     "marker_position",
+    "page_records",
 ]
 
 T = TypeVar("T")
 Items = list[tuple[str, bytes]]
+# Where a session stands in a listing: (last_update_time, user_id, session_id).
+ListPosition = tuple[float, str, str]
 
 
 # Guards the hand-over between a finishing thread and a waiter; held for a
@@ -203,6 +209,10 @@ class SessionRecord:
     # stored are ``event_count - removed_count``. Records of format 1 have
     # the eight fields above; this one is written only once it is not zero.
     removed_count: int = 0
+    # Whether the store keeps a time index for this session (LMDB format 2
+    # keeps one only once an event arrived out of time order); written after
+    # removed_count, only when true.
+    time_indexed: bool = False
 
     @property
     def marker(self) -> str:
@@ -238,7 +248,13 @@ class SessionRecord:
             self.last_update_time,
             self.event_count,
             self.last_event_id,
-        ] + ([self.removed_count] if self.removed_count else [])
+        ] + (
+            [self.removed_count, True]
+            if self.time_indexed
+            else [self.removed_count]
+            if self.removed_count
+            else []
+        )
 
     @classmethod
     def from_list(cls, fields: list[Any]) -> SessionRecord:
@@ -407,6 +423,28 @@ def catch_up(
     return result
 
 
+def list_position(record: SessionRecord) -> ListPosition:
+    """Return where a session stands in a listing (see ``Store.list_page``)."""
+    return record.last_update_time, record.user_id, record.session_id
+
+
+def page_records(
+    records: Iterable[SessionRecord], limit: int | None, after: ListPosition | None
+) -> tuple[list[SessionRecord], bool]:
+    """Return the page ``Store.list_page`` describes, from records in any order.
+
+    A store without a list index pages this way: the cost follows the
+    records given, not the page.
+    """
+    if after is not None:
+        records = [r for r in records if list_position(r) > after]
+    else:
+        records = list(records)
+    if limit is None or len(records) <= limit:
+        return sorted(records, key=list_position), False
+    return heapq.nsmallest(limit, records, key=list_position), True
+
+
 class Store(Protocol):
     """The storage a ``SyncSessionService`` runs on; ``aio`` is its async face."""
 
@@ -444,6 +482,33 @@ class Store(Protocol):
 
     def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return the records of an app's (or one user's) sessions, any order."""
+        ...
+
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of an app's (or one user's) sessions, and whether more follow.
+
+        The listing order is ``(last_update_time, user_id, session_id)``
+        ascending, compared as Python compares floats and str (code point
+        order): least recently active first. The page holds the first
+        ``limit`` sessions (all of them with None) whose position is
+        strictly greater than ``after`` (from the first with None); the
+        flag is True when sessions past the page remain. ``after`` need not
+        be the position of a session that still exists, or still has that
+        time: a session appended to since moves later in the order and is
+        listed again if its new position lies past ``after``.
+
+        The page is read in one consistent view. ``page_records`` gives
+        the answer from a full listing; a store with a list index (LMDB of
+        format 2) reads only the page, so a page costs the same however
+        many sessions the app has. With ``user_id`` a store may read all
+        of that user's sessions.
+        """
         ...
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
@@ -585,6 +650,16 @@ class AsyncStore(Protocol):
         """Return session records; see ``Store.list_sessions``."""
         ...
 
+    async def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page``."""
+        ...
+
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Awaitable[None]:
         """Remove a session; see ``Store.delete_session``."""
         ...
@@ -703,6 +778,16 @@ class InlineAsyncStore:
     async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return session records; see ``Store.list_sessions``."""
         return self._store.list_sessions(app_name, user_id)
+
+    async def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page``."""
+        return self._store.list_page(app_name, user_id, limit, after)
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session; see ``Store.delete_session``."""

@@ -13,6 +13,8 @@ under LMDB's 511-byte limit while ids may be 4 KiB):
               number b"i" part(event id) -> seq
               number b"t" sortable(timestamp) seq -> b""
               number b"s" part(key) -> packed value                (session state)
+    listing   part(app) sortable(last_update_time) number -> the session's key
+              (format 2 only: the list index, one entry per session)
 
 ``number`` is an 8-byte session number that is never reused, ``seq`` the
 8-byte position of an event in its session. Everything a session owns sits
@@ -49,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from functools import lru_cache, partial
 from hashlib import blake2b
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -78,6 +80,7 @@ from .base import (
     Expirer,
     InlineAsyncStore,
     Items,
+    ListPosition,
     LoadedSession,
     Pending,
     SessionCopy,
@@ -91,6 +94,8 @@ from .base import (
     events_seen,
     finish_all,
     finite_float,
+    list_position,
+    page_records,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
@@ -98,10 +103,12 @@ __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
 T = TypeVar("T")
 Durability = Literal["sync", "deferred"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 DEFAULT_MAP_SIZE = 64 << 20
 _DB_NAMES = (b"meta", b"sessions", b"shared", b"data")
+# Format 2 adds the list index; a store of format 1 is read and written as it is.
+_LISTING = b"listing"
 _APP, _USER = b"a", b"u"
 _EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
 _FORMAT_KEY = b"format"
@@ -176,20 +183,32 @@ def _item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
 
 
 def _event_entries(
-    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest
+    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest, timed: bool
 ) -> tuple[tuple[bytes, bytes], ...]:
     """Return the data entries of an event appended as the session's next one.
 
     The record (after its timestamp, which an ``after_timestamp`` read checks
-    first), its id index entry and its time index entry.
+    first), its id index entry and, when the session keeps one (``timed``),
+    its time index entry.
     """
     seq = _U64.pack(record.event_count)
     timestamp = request.timestamp
-    return (
+    entries = (
         (number + _EVENT + seq, _F64.pack(timestamp) + request.event),
         (id_key, seq),
-        (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""),
     )
+    if not timed:
+        return entries
+    return (*entries, (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""))
+
+
+def _in_time_order(record: SessionRecord, timestamp: float) -> bool:
+    """Return whether an event at ``timestamp`` keeps the session's events in time order.
+
+    ``last_update_time`` is the last event's time, or later (a restored
+    session whose copy said so): comparing with it never misses a step back.
+    """
+    return not record.stored_count or timestamp >= record.last_update_time
 
 
 class _Gate:
@@ -271,6 +290,11 @@ class LmdbStore:
         # Set once the environment is closed; checked under the gate.
         self._released = False
         self._gate = _Gate()
+        # Whether this store writes through a writable map (see _open_env).
+        self.writemap = False
+        self._writemap_allowed = True
+        # The format the store was written in (read at open); see FORMAT_VERSION.
+        self.format = FORMAT_VERSION
         try:
             self._check_files(trust_directory)
             self._probe(self.path, verify)
@@ -301,6 +325,7 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
+        self._listing = self._dbs.get(_LISTING)
         # Writes waiting for the group commit, in arrival order.
         self._writes: deque[_Queued] = deque()
         # Wakes the writer thread, only when a write waits that no calling
@@ -337,10 +362,56 @@ class LmdbStore:
         self._writer.start()
 
     def _open_env(self, map_size: int) -> Any:
+        """Open the environment: deferred stores through a writable map where it is safe.
+
+        A writable map makes a commit cheaper (LMDB writes pages in place
+        instead of a pwrite per dirty page), but a write through the map to a
+        block the filesystem cannot allocate kills the process with SIGBUS.
+        So a deferred store maps writably only once the data file's blocks
+        are reserved up to the map size (``posix_fallocate``, again on every
+        growth and adoption); where that fails or is unsupported it opens as
+        before. Durable stores never do: LMDB then syncs by msync over the
+        whole map, so a durable commit would grow slower as the store grows.
+        """
+        if self.durability == "deferred" and self._writemap_allowed:
+            try:
+                # LMDB sizes the file to the map at once (sparsely): a file
+                # size limit can refuse that; the plain open below says why.
+                env = self._open_plain(map_size, writemap=True)
+            except StoreError:
+                env = None
+            try:
+                if env is not None:
+                    self._preallocate(env.info()["map_size"])
+                    self.writemap = True
+                    return env
+            except (StoreError, lmdb.Error):
+                # Unsupported here or no room: the mode without, which never faults.
+                env.close()
+            self._writemap_allowed = False
+        self.writemap = False
+        return self._open_plain(map_size, writemap=False)
+
+    def _preallocate(self, size: int) -> None:
+        """Reserve the data file's blocks up to ``size`` bytes; StoreError when the OS refuses."""
+        allocate = getattr(os, "posix_fallocate", None)
+        if allocate is None:
+            raise StoreError("posix_fallocate is not available on this platform")
         try:
-            # No writable map: it would make a small commit cheaper, but LMDB
-            # then syncs by msync over the whole map, so a durable commit
-            # would grow slower as the store grows.
+            fd = os.open(self.path / "data.mdb", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                allocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise StoreError(
+                f"reserving {size} bytes of disk for the map of {self.path} failed: {error}",
+                hint="check free disk space and file size limits; "
+                "what was stored before this call is intact",
+            ) from error
+
+    def _open_plain(self, map_size: int, writemap: bool) -> Any:
+        try:
             return _open_adopting(
                 str(self.path),
                 map_size=map_size,
@@ -351,6 +422,7 @@ class LmdbStore:
                 sync=self.durability == "sync",
                 metasync=True,
                 readahead=False,
+                writemap=writemap,
                 mode=self._file_mode,
             )
         except lmdb.InvalidError as error:
@@ -508,10 +580,15 @@ class LmdbStore:
                 try:
                     if txn.cursor().first():
                         # Opening existing handles changes nothing on disk.
-                        dbs = {name: env.open_db(name, txn=txn, create=False) for name in _DB_NAMES}
-                        _check_format(self.path, txn.get(_FORMAT_KEY, db=dbs[b"meta"]))
+                        meta = env.open_db(b"meta", txn=txn, create=False)
+                        self.format = _check_format(self.path, txn.get(_FORMAT_KEY, db=meta))
+                        dbs = {
+                            name: env.open_db(name, txn=txn, create=False)
+                            for name in _db_names(self.format)
+                        }
                     else:
-                        dbs = {name: env.open_db(name, txn=txn) for name in _DB_NAMES}
+                        self.format = FORMAT_VERSION
+                        dbs = {name: env.open_db(name, txn=txn) for name in _db_names(self.format)}
                         header = {"magic": MAGIC, "format": FORMAT_VERSION}
                         meta = dbs[b"meta"]
                         txn.put(_FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=meta)
@@ -580,6 +657,14 @@ class LmdbStore:
                 hint="the OS refused the address space (ulimit -v, overcommit settings)",
             ) from error
         self._map_size = self._env.info()["map_size"]
+        if self.writemap:
+            try:
+                # A process without a writable map grows the map, not the file.
+                self._preallocate(self._map_size)
+            except StoreError:
+                # No room for it: map again without writing through the map.
+                self._writemap_allowed = False
+                self._reopen(self._map_size)
 
     def _grow(self, seen: int) -> None:
         """Double the map after a transaction that saw ``seen`` bytes of it ran out.
@@ -590,6 +675,9 @@ class LmdbStore:
         def double() -> None:
             if self._released or self._map_size != seen:
                 return  # closed (_begin says so), or grown by another writer
+            if self.writemap:
+                # Blocks first: the map never reaches past what is reserved.
+                self._preallocate(seen * 2)
             try:
                 self._env.set_mapsize(seen * 2)
             except (lmdb.Error, OverflowError) as error:
@@ -615,7 +703,8 @@ class LmdbStore:
             # A write transaction: handles opened in a read one do not outlive it.
             with self._env.begin(write=True) as txn:
                 self._dbs = {
-                    name: self._env.open_db(name, txn=txn, create=False) for name in _DB_NAMES
+                    name: self._env.open_db(name, txn=txn, create=False)
+                    for name in _db_names(self.format)
                 }
         except BaseException as error:
             # The store cannot be used again; say so to every later call.
@@ -626,6 +715,7 @@ class LmdbStore:
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
         self._data = self._dbs[b"data"]
+        self._listing = self._dbs.get(_LISTING)
 
     def _read(self, action: Callable[[Any], T]) -> T:
         self._check_open()
@@ -816,6 +906,50 @@ class LmdbStore:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
         txn.put(key, pack(record.to_list()), db=self._sessions)
 
+    def _timed(self, record: SessionRecord) -> bool:
+        """Return whether the store keeps a time index for the session.
+
+        Format 1 keeps one for every session; format 2 only for sessions that
+        received an event out of time order (the others' events are in time
+        order, so their positions are the index).
+        """
+        return self.format == 1 or record.time_indexed
+
+    def _start_time_index(self, txn: Any, record: SessionRecord) -> None:
+        """Give a session going out of time order a time index of the events it stores."""
+        number = _U64.pack(record.number)
+        prefix = number + _EVENT
+        cursor = txn.cursor(db=self._data)
+        entries: list[tuple[bytes, bytes]] = []
+        if cursor.set_range(prefix):
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                stamp = _sortable_time(_F64.unpack_from(value)[0])
+                entries.append((number + _EVENT_TIME + stamp + key[9:17], b""))
+        if entries:
+            txn.cursor(db=self._data).putmulti(entries)
+        record.time_indexed = True
+
+    def _relist(self, txn: Any, record: SessionRecord, old_time: float | None) -> None:
+        """Move a session's list index entry to its last update time (None: a new session)."""
+        if self._listing is None:
+            return
+        key = _list_key(record)
+        if old_time is not None:
+            app = _part(record.app_name)
+            old = app + _sortable_time(old_time) + key[-8:]
+            if old == key:
+                return
+            txn.delete(old, db=self._listing)
+        ids = (record.app_name, record.user_id, record.session_id)
+        txn.put(key, b"".join(_part(text) for text in ids), db=self._listing)
+
+    def _unlist(self, txn: Any, record: SessionRecord) -> None:
+        """Remove a session's list index entry."""
+        if self._listing is not None:
+            txn.delete(_list_key(record), db=self._listing)
+
     def _put_items(self, txn: Any, handle: Any, owner: bytes, items: Items) -> None:
         for key, value in _item_entries(owner, items):
             txn.put(key, value, db=handle)
@@ -871,7 +1005,13 @@ class LmdbStore:
         return values
 
     def _events_after(
-        self, txn: Any, number: bytes, count: int, num_recent: int | None, after: float
+        self,
+        txn: Any,
+        number: bytes,
+        count: int,
+        num_recent: int | None,
+        after: float,
+        timed: bool,
     ) -> list[bytes]:
         cursor = txn.cursor(db=self._data)
         if num_recent is not None:
@@ -881,6 +1021,8 @@ class LmdbStore:
                 return []
             values = islice(cursor.iternext(keys=False), count - start)
             return [v[8:] for v in values if _F64.unpack_from(v)[0] >= after]
+        if not timed:
+            return self._events_from_time(cursor, number, count, after)
         # Only the index entries at or after the time are read.
         prefix = number + _EVENT_TIME
         seqs: list[bytes] = []
@@ -892,6 +1034,37 @@ class LmdbStore:
         seqs.sort()
         event = number + _EVENT
         return [cursor.get(event + seq)[8:] for seq in seqs]
+
+    @staticmethod
+    def _events_from_time(cursor: Any, number: bytes, count: int, after: float) -> list[bytes]:
+        """Return the events at or after ``after`` of a session whose events are in time order.
+
+        A binary search over positions (with gaps after a truncation) finds
+        the first such event in about log2(count) seeks; the rest follow it.
+        """
+        prefix = number + _EVENT
+        low, high = 0, count
+        # Invariant: stored events before ``low`` are earlier than ``after``,
+        # stored events from ``high`` on are not.
+        while low < high:
+            middle = (low + high) // 2
+            if not cursor.set_range(prefix + _U64.pack(middle)) or not cursor.key().startswith(
+                prefix
+            ):
+                high = middle
+                continue
+            if _F64.unpack_from(cursor.value())[0] < after:
+                low = _U64.unpack(cursor.key()[9:17])[0] + 1
+            else:
+                high = middle
+        if not cursor.set_range(prefix + _U64.pack(low)):
+            return []
+        values: list[bytes] = []
+        for key, value in cursor.iternext():
+            if not key.startswith(prefix):
+                break
+            values.append(value[8:])
+        return values
 
     # -- the Store protocol ----------------------------------------------
 
@@ -918,6 +1091,7 @@ class LmdbStore:
             txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
             self._put_record(txn, record)
+            self._relist(txn, record, None)
             self._put_items(txn, self._data, _U64.pack(number) + _STATE, session_items)
             self._put_items(txn, self._shared, _APP + _part(app_name), app_items)
             self._put_items(txn, self._shared, _USER + _part(app_name) + _part(user_id), user_items)
@@ -947,7 +1121,9 @@ class LmdbStore:
                 low = -math.inf if after_timestamp is None else after_timestamp
                 events = [v[8:] for v in recent if _F64.unpack_from(v)[0] >= low]
             elif after_timestamp is not None:
-                events = self._events_after(txn, number, count, num_recent_events, after_timestamp)
+                events = self._events_after(
+                    txn, number, count, num_recent_events, after_timestamp, self._timed(record)
+                )
             elif num_recent_events is not None:
                 events = self._events(txn, number, max(0, count - num_recent_events), count)
             else:
@@ -982,6 +1158,70 @@ class LmdbStore:
 
         return self._read(scan)
 
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions in listing order; see ``Store.list_page``.
+
+        With the list index (format 2) a page of an app reads its own
+        entries only, from ``after``'s time on: one index entry and one
+        record per session, plus every session that shares a time with the
+        page's last (a run of equal times is sorted by ids). One user's
+        sessions, a whole listing, and stores of format 1 are read whole
+        and sorted.
+        """
+        listing = self._listing
+        if listing is None or user_id is not None or limit is None:
+            return page_records(self.list_sessions(app_name, user_id), limit, after)
+        app = _part(app_name)
+        width = len(app) + 16
+
+        def runs(cursor: Any) -> Iterator[list[bytes]]:
+            """Yield the session keys of the app's entries, one list per run of equal times."""
+            run: list[bytes] = []
+            stamp = b""
+            for key, value in cursor.iternext():
+                if len(key) != width or not key.startswith(app):
+                    break
+                this = key[len(app) : len(app) + 8]
+                if this != stamp and run:
+                    yield run
+                    run = []
+                stamp = this
+                run.append(value)
+            if run:
+                yield run
+
+        def read(txn: Any) -> tuple[list[SessionRecord], bool]:
+            cursor = txn.cursor(db=listing)
+            start = app if after is None else app + _sortable_time(after[0])
+            page: list[SessionRecord] = []
+            if not cursor.set_range(start):
+                return page, False
+            for run in runs(cursor):
+                records = []
+                for key in run:
+                    value = txn.get(key, db=self._sessions)
+                    if value is None:
+                        raise CorruptStoreError(
+                            f"the list index of app {app_name!r} names a session that is gone",
+                            hint="run 'sessionscope verify' on the store",
+                        )
+                    records.append(_record_from(value))
+                records.sort(key=list_position)
+                if after is not None:
+                    records = [r for r in records if list_position(r) > after]
+                page.extend(records)
+                if len(page) > limit:
+                    break
+            return page[:limit], len(page) > limit
+
+        return self._read(read)
+
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session with its state and events; a missing one is a no-op."""
 
@@ -991,6 +1231,7 @@ class LmdbStore:
                 return
             key = _part(app_name) + _part(user_id) + _part(session_id)
             txn.delete(key, db=self._sessions)
+            self._unlist(txn, record)
             prefix = _U64.pack(record.number)
             cursor = txn.cursor(db=self._data)
             if cursor.set_range(prefix):
@@ -1028,10 +1269,16 @@ class LmdbStore:
             self._put_items(txn, self._shared, owner, request.user_items)
         if request.session_items:
             self._put_items(txn, self._data, number + _STATE, request.session_items)
-        for key, value in _event_entries(number, id_key, record, request):
+        timed = self._timed(record)
+        if not timed and not _in_time_order(record, request.timestamp):
+            self._start_time_index(txn, record)
+            timed = True
+        for key, value in _event_entries(number, id_key, record, request, timed):
             txn.put(key, value, db=data)
+        old_time = record.last_update_time
         record.advance(request.event_id, request.timestamp)
         self._put_record(txn, record)
+        self._relist(txn, record, old_time)
         result = AppendResult(record.marker, record.last_update_time)
         if not request.catch_up:
             return result
@@ -1057,7 +1304,8 @@ class LmdbStore:
         def append_all(txn: Any) -> list[AppendResult]:
             data, shared = self._data, self._shared
             results: list[AppendResult] = []
-            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes]] = {}
+            # Each session's record, number and last update time before the batch.
+            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes, float]] = {}
             data_puts: list[tuple[bytes, bytes]] = []
             shared_puts: list[tuple[bytes, bytes]] = []
             # Events of this batch by id key: not yet in the store, seen by repeats.
@@ -1068,11 +1316,12 @@ class LmdbStore:
                 if known is None:
                     found = self._record(txn, *ids)
                     if found is not None:
-                        known = records[ids] = (found, _U64.pack(found.number))
+                        known = (found, _U64.pack(found.number), found.last_update_time)
+                        records[ids] = known
                 record: SessionRecord | None = None
                 stored = None
                 if known is not None:
-                    record, number = known
+                    record, number, _ = known
                     id_key = number + _EVENT_ID + _unique_part(request.event_id)
                     stored = batch_events.get(id_key)
                     if stored is None:
@@ -1091,7 +1340,15 @@ class LmdbStore:
                     shared_puts.extend(_item_entries(owner, request.user_items))
                 if request.session_items:
                     data_puts.extend(_item_entries(number + _STATE, request.session_items))
-                data_puts.extend(_event_entries(number, id_key, record, request))
+                timed = self._timed(record)
+                if not timed and not _in_time_order(record, request.timestamp):
+                    # The index is built from what the transaction holds: write the batch so far.
+                    if data_puts:
+                        txn.cursor(db=data).putmulti(data_puts)
+                        data_puts.clear()
+                    self._start_time_index(txn, record)
+                    timed = True
+                data_puts.extend(_event_entries(number, id_key, record, request, timed))
                 batch_events[id_key] = request.event
                 record.advance(request.event_id, request.timestamp)
                 results.append(AppendResult(record.marker, record.last_update_time))
@@ -1100,8 +1357,9 @@ class LmdbStore:
             for handle, puts in ((data, data_puts), (shared, shared_puts)):
                 if puts:
                     txn.cursor(db=handle).putmulti(puts)
-            for record, _ in records.values():
+            for record, _, old_time in records.values():
                 self._put_record(txn, record)
+                self._relist(txn, record, old_time)
             return results
 
         try:
@@ -1157,6 +1415,7 @@ class LmdbStore:
             if not first:
                 first.append(record.number)
             number = _U64.pack(record.number)
+            timed = self._timed(record)
             started = time.monotonic()
             cursor = txn.cursor(db=self._data)
             doomed: list[tuple[bytes, float]] = []  # (seq, timestamp)
@@ -1168,6 +1427,18 @@ class LmdbStore:
                         if not key.startswith(prefix) or len(doomed) >= wanted:
                             break
                         doomed.append((key[9:], _F64.unpack_from(value)[0]))
+                        if time.monotonic() - started > BATCH_SECONDS:
+                            break
+            elif not timed:
+                # Events in time order: the earliest are the first positions.
+                prefix = number + _EVENT
+                if cursor.set_range(prefix):
+                    for key, value in cursor.iternext():
+                        if not key.startswith(prefix) or len(doomed) >= BATCH_EVENTS:
+                            break
+                        if _F64.unpack_from(value)[0] >= before:
+                            break
+                        doomed.append((key[9:], 0.0))
                         if time.monotonic() - started > BATCH_SECONDS:
                             break
             else:
@@ -1190,7 +1461,8 @@ class LmdbStore:
                 timestamp = _F64.unpack_from(value)[0]
                 event_id = event_copy(value[8:], timestamp).event_id
                 txn.delete(number + _EVENT + seq, db=data)
-                txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
+                if timed:
+                    txn.delete(number + _EVENT_TIME + _sortable_time(timestamp) + seq, db=data)
                 txn.delete(number + _EVENT_ID + _unique_part(event_id), db=data)
                 removed += 1
                 if time.monotonic() - started > BATCH_SECONDS:
@@ -1253,6 +1525,7 @@ class LmdbStore:
                 record = _record_from(cursor.value())
                 if idle_before is None or record.last_update_time < idle_before:
                     txn.put(_PURGE + _U64.pack(record.number), b"", db=meta)
+                    self._unlist(txn, record)
                     # delete() moves to the next entry; past the last, key() is empty.
                     positioned = cursor.delete() and bool(cursor.key())
                     removed += 1
@@ -1377,6 +1650,11 @@ class LmdbStore:
             (number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
             txn.put(_NUMBER_KEY, _U64.pack(number + 1), db=meta)
             last = copy.events[-1].event_id if copy.events else None
+            stamps = [event.timestamp for event in copy.events]
+            # In time order, and no later than the record's time: no time index (format 2).
+            ordered = all(a <= b for a, b in pairwise(stamps)) and (
+                not stamps or stamps[-1] <= copy.last_update_time
+            )
             record = SessionRecord(
                 copy.app_name,
                 copy.user_id,
@@ -1386,15 +1664,19 @@ class LmdbStore:
                 copy.last_update_time,
                 len(copy.events),
                 last,
+                time_indexed=self.format > 1 and not ordered,
             )
+            timed = self._timed(record)
             self._put_record(txn, record)
+            self._relist(txn, record, None)
             owner = _U64.pack(number)
             self._put_items(txn, self._data, owner + _STATE, copy.session_items)
             puts: list[tuple[bytes, bytes]] = []
             for seq, value, id_part, stamp in entries:
                 puts.append((owner + _EVENT + seq, value))
                 puts.append((owner + _EVENT_ID + id_part, seq))
-                puts.append((owner + _EVENT_TIME + stamp + seq, b""))
+                if timed:
+                    puts.append((owner + _EVENT_TIME + stamp + seq, b""))
             if puts:
                 txn.cursor(db=self._data).putmulti(puts)
             return True
@@ -1515,7 +1797,7 @@ class LmdbStore:
                 "map_size": info["map_size"],
                 "last_pgno": info["last_pgno"],
                 "entries": {
-                    name.decode(): txn.stat(self._dbs[name])["entries"] for name in _DB_NAMES
+                    name.decode(): txn.stat(handle)["entries"] for name, handle in self._dbs.items()
                 },
             }
 
@@ -1532,15 +1814,21 @@ class LmdbStore:
         Every session record sits under the key of its own ids and has a
         number of its own below the counter; every event entry belongs to a
         record and lies below its count, and the number of them is the
-        record's; every event has an id index entry and a time index entry
-        pointing back at it, and every index entry points at an event that
-        has that id or time; no data lies under a number without a record.
-        ``progress(done, total)`` is called as records are checked.
+        record's; every event has an id index entry and (where the session
+        keeps a time index) a time index entry pointing back at it, and every
+        index entry points at an event that has that id or time; a session
+        without a time index has its events in time order; no data lies
+        under a number without a record; in format 2, every session has one
+        list index entry, at its app, last update time and number, naming
+        its key, and no other entry is there. ``progress(done, total)`` is
+        called as records are checked.
         """
 
         def check(txn: Any) -> list[str]:
             problems: list[str] = []
             records: dict[bytes, SessionRecord] = {}
+            # The list index entry each record should have: key -> (its key, label).
+            listed: dict[bytes, tuple[bytes, str]] = {}
             meta = self._dbs[b"meta"]
             (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
             for key, value in txn.cursor(db=self._sessions):
@@ -1555,6 +1843,9 @@ class LmdbStore:
                 if record.number >= next_number:
                     problems.append(f"{label}: number {record.number} is not below the counter")
                 records[number] = record
+                listed[_list_key(record)] = (key, label)
+            if self._listing is not None:
+                self._check_listing(txn, listed, problems)
             # Numbers queued for purging lost their record on purpose.
             purging: set[bytes] = set()
             queue = txn.cursor(db=meta)
@@ -1573,7 +1864,9 @@ class LmdbStore:
                 if key[:8] != current and group:
                     done += 1
                     if current not in purging:
-                        self._check_group(current, group, records.get(current), problems)
+                        self._check_group(
+                            current, group, records.get(current), problems, self.format
+                        )
                     seen.add(current)
                     group = []
                     if progress is not None:
@@ -1581,7 +1874,7 @@ class LmdbStore:
                 current = key[:8]
                 group.append((key, value))
             if group and current not in purging:
-                self._check_group(current, group, records.get(current), problems)
+                self._check_group(current, group, records.get(current), problems, self.format)
                 seen.add(current)
             for number, record in records.items():
                 if number not in seen and record.stored_count:
@@ -1594,14 +1887,37 @@ class LmdbStore:
 
         return self._read(check)
 
+    def _check_listing(
+        self, txn: Any, listed: dict[bytes, tuple[bytes, str]], problems: list[str]
+    ) -> None:
+        """Check the list index against the session records (``listed``: what it should hold)."""
+        found: set[bytes] = set()
+        for key, value in txn.cursor(db=self._listing):
+            wanted = listed.get(key)
+            if wanted is None or wanted[0] != value:
+                problems.append(
+                    f"a list index entry (time and number {key[-16:].hex()}) names no session "
+                    "of that time"
+                )
+            else:
+                found.add(key)
+        for key, (_, label) in listed.items():
+            if key not in found:
+                problems.append(f"{label}: missing from the list index")
+
     @staticmethod
     def _check_group(
         number: bytes,
         entries: list[tuple[bytes, bytes]],
         record: SessionRecord | None,
         problems: list[str],
+        version: int,
     ) -> None:
-        """Check the data entries of one session number against its record."""
+        """Check the data entries of one session number against its record.
+
+        A session keeps a time index in format 1, and in format 2 when its
+        record says so; without one, its events must be in time order.
+        """
         if record is None:
             problems.append(
                 f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
@@ -1629,6 +1945,15 @@ class LmdbStore:
                 times.add(key[9:])
             elif kind != _STATE:
                 problems.append(f"{label}: an entry of unknown kind {kind!r}")
+        timed = version == 1 or record.time_indexed
+        if not timed and times:
+            problems.append(f"{label}: {len(times)} time index entries, but it keeps no time index")
+        previous = b""
+        for seq in sorted(events):
+            if not timed and events[seq][0] < previous:
+                position = _U64.unpack(seq)[0]
+                problems.append(f"{label}: event {position} is earlier than the one before it")
+            previous = events[seq][0]
         counted = record.stored_count
         if len(events) != counted:
             problems.append(f"{label}: counts {counted} events, stores {len(events)}")
@@ -1638,7 +1963,7 @@ class LmdbStore:
                 problems.append(f"{label}: event {position} lies past the record's count")
             if ids.get(id_part) != seq:
                 problems.append(f"{label}: event {position} is missing from the id index")
-            if stamp + seq not in times:
+            if timed and stamp + seq not in times:
                 problems.append(f"{label}: event {position} is missing from the time index")
         for id_part, seq in ids.items():
             if seq not in events or events[seq][1] != id_part:
@@ -1663,7 +1988,7 @@ class LmdbStore:
         def gather(txn: Any) -> dict[str, int]:
             info = self._env.info()
             main = self._env.stat()
-            used = _pages(main) + sum(_pages(txn.stat(self._dbs[name])) for name in _DB_NAMES)
+            used = _pages(main) + sum(_pages(txn.stat(handle)) for handle in self._dbs.values())
             pages = info["last_pgno"] + 1
             return {
                 "file_size": (self.path / "data.mdb").stat().st_size,
@@ -1738,6 +2063,57 @@ class LmdbStore:
             finally:
                 shutil.rmtree(temp, ignore_errors=True)
             return before, data.stat().st_size
+
+    @classmethod
+    def upgrade(cls, path: str | os.PathLike[str]) -> int:
+        """Bring a store no process has open to the current format, in place; return its old one.
+
+        Format 1 to 2 is one write transaction: each session gets its list
+        index entry and its record says ``time_indexed`` (format 1 indexed
+        every session by time, and that index stays), and the format record
+        says 2, all in the same commit. A crash leaves format 1 whole or
+        format 2 whole; running it again on an upgraded store changes
+        nothing. Refused (``StoreError``) while any process has the store
+        open: such a process would go on writing without the list index.
+        """
+        root = Path(path)
+        if not (root / "data.mdb").is_file():
+            raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
+        cls._probe(root)
+        with _sole_user(root):
+            try:
+                env = lmdb.open(str(root), lock=False, max_dbs=len(_DB_NAMES) + 2)
+                try:
+                    with env.begin() as txn:
+                        meta = env.open_db(b"meta", txn=txn, create=False)
+                        version = _check_format(root, txn.get(_FORMAT_KEY, db=meta))
+                    while version < FORMAT_VERSION:
+                        try:
+                            _upgrade_to_2(env)
+                            break
+                        except lmdb.MapFullError:
+                            # Nothing was written: try again on a map twice as large.
+                            env.set_mapsize(env.info()["map_size"] * 2)
+                finally:
+                    env.close()
+            except lmdb.Error as error:
+                raise _lmdb_failure(f"upgrading {root}", error) from error
+        return version
+
+
+def _upgrade_to_2(env: Any) -> None:
+    """Add the list index to a format-1 store and mark it format 2, in one transaction."""
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        sessions = env.open_db(b"sessions", txn=txn, create=False)
+        listing = env.open_db(_LISTING, txn=txn)
+        for key, value in list(txn.cursor(db=sessions)):
+            record = _record_from(value)
+            record.time_indexed = True
+            txn.put(key, pack(record.to_list()), db=sessions)
+            txn.put(_list_key(record), key, db=listing)
+        header = {"magic": MAGIC, "format": 2}
+        txn.put(_FORMAT_KEY, bytes([2]) + pack(header), db=meta)
 
 
 class _PartialBatch(Exception):
@@ -2025,8 +2401,8 @@ def _verify_file(data: Path) -> None:
         raise CorruptStoreError(f"{data} failed verification: {shown}{more}")
 
 
-def _check_format(path: Path, header: bytes | None) -> None:
-    """Refuse a store of another format; say which."""
+def _check_format(path: Path, header: bytes | None) -> int:
+    """Return the store's format version; refuse one this version cannot read, saying which."""
     if header is None:
         raise IncompatibleStoreError(
             f"{path} holds an LMDB database without a format record",
@@ -2053,6 +2429,22 @@ def _check_format(path: Path, header: bytes | None) -> None:
             f"{path} holds a store of format {version}; this version reads up to {FORMAT_VERSION}",
             hint="upgrade sessionscope",
         )
+    return version
+
+
+def _db_names(version: int) -> tuple[bytes, ...]:
+    """Return the named databases a store of ``version`` holds."""
+    return _DB_NAMES if version == 1 else (*_DB_NAMES, _LISTING)
+
+
+def _list_key(record: SessionRecord) -> bytes:
+    """Return the list index key of a session: app, last update time, number.
+
+    Within one time the order of the numbers is not the listing order; a
+    page sorts each run of equal times by its ids (see ``LmdbStore.list_page``).
+    """
+    app = _part(record.app_name)
+    return app + _sortable_time(record.last_update_time) + _U64.pack(record.number)
 
 
 def _after(prefix: bytes) -> bytes | None:

@@ -23,6 +23,7 @@ from .base import (
     Expirer,
     InlineAsyncStore,
     Items,
+    ListPosition,
     LoadedSession,
     SessionCopy,
     SessionRecord,
@@ -33,6 +34,7 @@ from .base import (
     copies_equal,
     event_copy,
     events_seen,
+    page_records,
 )
 
 __all__ = ["MemoryStore"]
@@ -166,6 +168,16 @@ class MemoryStore:
             if user_id is not None:
                 users = {user_id: users.get(user_id, {})}
             return [_copy(s.record) for sessions in users.values() for s in sessions.values()]
+
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions in listing order; see ``Store.list_page``."""
+        return page_records(self.list_sessions(app_name, user_id), limit, after)
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session with its state and events; a missing one is a no-op."""

@@ -73,6 +73,7 @@ from .base import (
     Completion,
     Expirer,
     Items,
+    ListPosition,
     LoadedSession,
     SessionCopy,
     SessionRecord,
@@ -81,6 +82,7 @@ from .base import (
     check_ttl,
     copies_equal,
     event_copy,
+    page_records,
 )
 
 hiredis: Any
@@ -1085,6 +1087,16 @@ class _AsyncRedisStore:
         """Return session records; see ``Store.list_sessions``."""
         return await self._run(lambda: self._store._ops.list_records(app_name, user_id))
 
+    async def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page`` (from the whole listing)."""
+        return page_records(await self.list_sessions(app_name, user_id), limit, after)
+
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Awaitable[None]:
         """Remove a session; see ``Store.delete_session``."""
         return self._write(lambda: self._store._ops.delete(app_name, user_id, session_id))
@@ -1329,6 +1341,20 @@ class RedisStore:
     def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return the records of an app's (or one user's) sessions."""
         return self._run(self._ops.list_records(app_name, user_id))
+
+    def list_page(
+        self,
+        app_name: str,
+        user_id: str | None,
+        limit: int | None,
+        after: ListPosition | None,
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page``.
+
+        Read from the whole listing and sorted here (``page_records``): Redis
+        keeps no list index yet, so a page costs what the app's listing does.
+        """
+        return page_records(self.list_sessions(app_name, user_id), limit, after)
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session with its state and events; a missing one is a no-op."""

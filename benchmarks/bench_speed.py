@@ -1,0 +1,99 @@
+"""Every speed target, each figure beside its peer measured in the same run.
+
+As a script (about 40 seconds; ``--quick`` about 10)::
+
+    python benchmarks/bench_speed.py [--rounds 7] [--quick] [--json out.json]
+
+The figures are medians over rounds of each round's median; a round times our
+side and its peer one after the other. What is compared with what:
+
+- native deferred append (async service) and the ADK adapter's deferred
+  append against ADK ``InMemorySessionService.append_event``, all on the same
+  user/model/tool events with deltas on session, ``user:``, ``app:`` and
+  ``temp:`` keys;
+- the native deferred append (sync service) against a raw py-lmdb
+  transaction making exactly the gets and puts that append made (recorded
+  from a store, replayed with no Python around them but the loop);
+- durable appends through the sync and async services against that raw
+  transaction with fsync;
+- ``append_many`` in batches of 1,000 and ``replay --batch 1000``, deferred,
+  in events/s;
+- group-commit lift from 1 to 64 writers (asyncio tasks, threads), durable;
+- a ``list_sessions`` page of 100 at 100,000 sessions against the same page
+  at 1,000, and the whole listing of 10,000 sessions (ADK InMemory beside it);
+- get of the last 10 events and append at 100,000 events against at 10.
+
+pytest collects this file when the folder is run and finds no tests in it:
+the comparisons are ratios of one run, printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from sessionscope.bench import (
+    adk_available,
+    length_sweep,
+    tasks_throughput,
+    threads_throughput,
+)
+from sessionscope.console import Column, render_table
+from sessionscope.replay import open_target
+from sessionscope.speed import SpeedConfig, measure, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every target and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller stores")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    config = SpeedConfig.quick() if args.quick else SpeedConfig()
+    if args.rounds:
+        config.rounds = args.rounds
+    lengths = (10, 100, 1000, 10_000) if args.quick else (10, 1000, 100_000)
+    writers, seconds = (1, 64), (0.5 if args.quick else 1.5)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="sessionscope-speed-") as tmp:
+        root = Path(tmp)
+        say("measuring latency against session length")
+        target = open_target(f"lmdb://{root / 'sweep'}?durability=deferred")
+        try:
+            sweep = length_sweep(target, lengths, budget_s=20.0)
+        finally:
+            target.close()
+        say("measuring durable writers")
+        concurrency = {
+            "tasks": {n: tasks_throughput(f"lmdb://{root / f'tasks-{n}'}", n, seconds)
+                      for n in writers},
+            "threads": {n: threads_throughput(f"lmdb://{root / f'threads-{n}'}", n, seconds)
+                        for n in writers},
+        }  # fmt: skip
+        work = root / "speed"
+        work.mkdir()
+        figures = measure(
+            config,
+            work,
+            adk=adk_available() is None,
+            lengths=sweep,
+            concurrency=concurrency,
+            log=say,
+        )
+    columns = ["target", Column("ours", True), Column("peer, same run", True)]
+    columns += [Column("ratio", True), "limit", "verdict"]
+    print(render_table(columns, list(rows(figures)), title=f"medians of {config.rounds} rounds"))
+    if args.json is not None:
+        args.json.write_text(json.dumps([f.to_dict() for f in figures], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
