@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from _children import Child, children
 from _stores import APP, USER, child_env, ev, snapshot_dir
 from sessionscope import LmdbStore, SessionService, SyncSessionService
 from sessionscope.errors import IncompatibleStoreError, StoreError
-from test_processes import Child, children
 
 pytestmark = pytest.mark.slow
 

@@ -8,21 +8,16 @@ in a ``finally``.
 from __future__ import annotations
 
 import json
-import os
 import random
-import select
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 import _stores
 import sessionscope
+from _children import Child, children
 from _stores import APP, USER, ev, event_ids
 from sessionscope import LmdbStore, SyncSessionService
 from sessionscope.errors import StaleSessionError
@@ -30,83 +25,6 @@ from sessionscope.errors import StaleSessionError
 pytestmark = pytest.mark.slow
 
 WORKERS = _stores.WORKERS
-
-
-class Child:
-    """A worker process whose stdout is read line by line with a deadline."""
-
-    def __init__(self, tmp_path: Path, *args: str, stdin: bool = False) -> None:
-        self.err_path = tmp_path / f"child-{time.monotonic_ns()}.err"
-        self._err: IO[bytes] = open(self.err_path, "wb")  # noqa: SIM115 - closed in reap()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKERS), *args],
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            env=_stores.child_env(),
-        )
-        self._buf = b""
-
-    def readline(self, timeout: float = 60.0) -> str | None:
-        """Return the next line, or None at end of output; fail after timeout."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"child said nothing for {timeout}s: {self.stderr()}")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                if self._buf:
-                    line, self._buf = self._buf, b""
-                    return line.decode()
-                return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode()
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def stderr(self) -> str:
-        self._err.flush()
-        return self.err_path.read_text(errors="replace")[-4000:]
-
-    def wait_ok(self, timeout: float = 90.0) -> None:
-        """Wait for a clean exit."""
-        code = self.proc.wait(timeout=timeout)
-        assert code == 0, f"child exited with {code}: {self.stderr()}"
-
-    def reap(self) -> None:
-        """Kill (if still running) and wait for the child."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._err.close()
-
-
-@contextmanager
-def children(
-    tmp_path: Path, *arg_lists: tuple[str, ...], stdin: bool = False
-) -> Iterator[list[Child]]:
-    """Start children, and always kill and reap them."""
-    started: list[Child] = []
-    try:
-        for args in arg_lists:
-            started.append(Child(tmp_path, *args, stdin=stdin))
-        yield started
-    finally:
-        for child in started:
-            child.reap()
 
 
 def _read_json(child: Child) -> Any:

@@ -7,20 +7,17 @@ killed (if still running) and reaped in a ``finally``.
 from __future__ import annotations
 
 import os
-import select
 import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import pytest
 
 import _stores
+from _children import Child
+from _children import children as spawn
 from _redis import RedisCluster, RedisServer
 from sessionscope import SyncSessionService
 
@@ -29,72 +26,11 @@ pytestmark = pytest.mark.slow
 WORKERS = Path(__file__).with_name("_redis_workers.py")
 
 
-class Child:
-    """A worker process whose stdout is read line by line with a deadline."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.err_path = tmp_path / f"child-{time.monotonic_ns()}.err"
-        self._err: IO[bytes] = open(self.err_path, "wb")  # noqa: SIM115 - closed in reap()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKERS), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            env=_stores.child_env(),
-        )
-        self._buf = b""
-
-    def readline(self, timeout: float = 60.0) -> str | None:
-        """Return the next line, or None at end of output; fail after timeout."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"child said nothing for {timeout}s: {self.stderr()}")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                if self._buf:
-                    line, self._buf = self._buf, b""
-                    return line.decode()
-                return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode()
-
-    def stderr(self) -> str:
-        self._err.flush()
-        return self.err_path.read_text(errors="replace")[-4000:]
-
-    def expect(self, word: str) -> str:
-        line = self.readline()
-        assert line is not None and line.startswith(word), f"{line!r}: {self.stderr()}"
-        return line
-
-    def reap(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._err.close()
-
-
 @contextmanager
 def children(tmp_path: Path, *arg_lists: tuple[str, ...]) -> Iterator[list[Child]]:
-    """Start children, and always kill and reap them."""
-    started: list[Child] = []
-    try:
-        for args in arg_lists:
-            started.append(Child(tmp_path, *args))
+    """Start children of the Redis worker script, and always kill and reap them."""
+    with spawn(tmp_path, *arg_lists, script=WORKERS) as started:
         yield started
-    finally:
-        for child in started:
-            child.reap()
 
 
 @pytest.fixture(params=_stores.REDIS_KINDS)
