@@ -560,7 +560,7 @@ def measure(
         )
         figures.append(
             Figure(
-                f"list page of 100 at {large:,} sessions",
+                f"list page of 100, {large:,} against {small:,} sessions",
                 listing[f"page-{large}"] / 1e3,
                 f"page at {small:,}",
                 listing[f"page-{small}"] / 1e3,
