@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import sessionscope.core
+import sessionscope.service
 import sessionscope.stores.lmdb
 
 # Every module compiled from annotated Python, by source name.
-HOT_PATH = ["sessionscope.stores._lmdb_append"]
+HOT_PATH = ["sessionscope._append", "sessionscope.stores._lmdb_append"]
 
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
 BUILT = {name: importlib.util.find_spec(name + "_c") is not None for name in HOT_PATH}
@@ -29,8 +30,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     }
     child_env.update(env)
     show = (
-        "import sessionscope.stores.lmdb as l, sessionscope.core as c; "
-        "print(l._hot.__name__, c.IMPLEMENTATIONS[l._hot.__name__.removesuffix('_c')])"
+        "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
+        "print(s._hot.__name__, l._hot.__name__, *sorted(c.IMPLEMENTATIONS.items()))"
     )
     return subprocess.run(
         [sys.executable, "-c", "import sys; " + code + show],
@@ -48,35 +49,43 @@ def _picked(code: str = "", **env: str) -> str:
     return result.stdout.strip()
 
 
+def _expected(kind: str) -> str:
+    """Return what a child prints when every hot-path module runs ``kind``."""
+    suffix = "_c" if kind == "c" else ""
+    running = " ".join(name + suffix for name in HOT_PATH)
+    return running + " " + " ".join(str((name, kind)) for name in HOT_PATH)
+
+
 def test_this_process_runs_what_it_says() -> None:
-    running = sessionscope.stores.lmdb._hot.__name__
     expected = "py" if PURE_BUILD else "c"
-    assert {HOT_PATH[0]: expected} == sessionscope.core.IMPLEMENTATIONS
-    assert running == HOT_PATH[0] + ("_c" if expected == "c" else "")
+    assert dict.fromkeys(HOT_PATH, expected) == sessionscope.core.IMPLEMENTATIONS
+    suffix = "_c" if expected == "c" else ""
+    assert sessionscope.service._hot.__name__ == HOT_PATH[0] + suffix
+    assert sessionscope.stores.lmdb._hot.__name__ == HOT_PATH[1] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:
-    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="1") == f"{HOT_PATH[0]} py"
-    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="1", SESSIONSCOPE_REQUIRE_EXTENSIONS="1") == (
-        f"{HOT_PATH[0]} py"
-    )
+    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="1") == _expected("py")
+    both = {"SESSIONSCOPE_NO_EXTENSIONS": "1", "SESSIONSCOPE_REQUIRE_EXTENSIONS": "1"}
+    assert _picked(**both) == _expected("py")
 
 
 @pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")
 def test_the_compiled_build_is_picked() -> None:
-    assert _picked(SESSIONSCOPE_REQUIRE_EXTENSIONS="1") == f"{HOT_PATH[0]}_c c"
-    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="0") == f"{HOT_PATH[0]}_c c"
+    assert _picked(SESSIONSCOPE_REQUIRE_EXTENSIONS="1") == _expected("c")
+    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="0") == _expected("c")
 
 
 def test_a_missing_build_falls_back_to_the_source() -> None:
-    assert _picked(HIDE_COMPILED) == f"{HOT_PATH[0]} py"
+    assert _picked(HIDE_COMPILED) == _expected("py")
 
 
 def test_a_missing_build_is_an_error_when_required() -> None:
     result = _run(HIDE_COMPILED, SESSIONSCOPE_REQUIRE_EXTENSIONS="1")
     assert result.returncode != 0
     assert "ImportError" in result.stderr
-    assert f"{HOT_PATH[0]}_c cannot be imported" in result.stderr
+    # The first module imported names itself.
+    assert "_c cannot be imported" in result.stderr
 
 
 @pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")
@@ -86,7 +95,10 @@ def test_both_builds_export_the_same_names(name: str) -> None:
     compiled = importlib.import_module(name + "_c")
     assert compiled.__all__ == source.__all__
     for export in source.__all__:
-        assert callable(getattr(compiled, export))
+        ours, theirs = getattr(compiled, export), getattr(source, export)
+        assert callable(ours) == callable(theirs)
+        if not callable(ours):
+            assert ours == theirs
     # The compiled build really is compiled, the source really is not.
     assert compiled.__file__ is not None and not compiled.__file__.endswith(".py")
     assert source.__file__ is not None and source.__file__.endswith(".py")
@@ -117,3 +129,12 @@ def test_the_source_runs_without_cython_installed(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["sessionscope._no_cython", "{'k':", "1}"]
+
+
+@pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")
+def test_one_build_missing_runs_the_other_compiled() -> None:
+    # Each module falls back on its own; IMPLEMENTATIONS says which ran.
+    hide = f"sys.modules[{HOT_PATH[0] + '_c'!r}] = None; "
+    printed = _picked(hide).split(" ", 2)
+    assert printed[:2] == [HOT_PATH[0], HOT_PATH[1] + "_c"]
+    assert printed[2] == f"{(HOT_PATH[0], 'py')} {(HOT_PATH[1], 'c')}"

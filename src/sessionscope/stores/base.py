@@ -19,7 +19,7 @@ import contextlib
 import heapq
 import math
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -38,6 +38,7 @@ __all__ = [
     "ListPosition",
     "LoadedSession",
     "Pending",
+    "PreparedAppend",
     "SessionCopy",
     "SessionRecord",
     "Store",
@@ -295,6 +296,26 @@ class AppendRequest:
     # also return what the caller missed (bulk appends do not need it).
     locked: bool = False
     catch_up: bool = False
+
+
+@dataclass(slots=True)
+class PreparedAppend(AppendRequest):
+    """An append request as the service prepared it, with what it needs to finish it.
+
+    One object per append, handed to the store as the request: the store
+    reads only the request's fields, the service keeps the delta to apply to
+    the live session (temp keys apart) and the event's original delta, to
+    give back if the append fails (None when nothing was taken from it).
+    """
+
+    delta: dict[str, Any] = field(default_factory=dict)
+    original_delta: Mapping[str, Any] | None = None
+    temp: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request(self) -> AppendRequest:
+        """Return the request to hand a store: this object itself."""
+        return self
 
 
 @dataclass(slots=True)
