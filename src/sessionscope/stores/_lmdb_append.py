@@ -37,6 +37,7 @@ from ..errors import CorruptStoreError, StoreError
 from .base import (
     AppendRequest,
     AppendResult,
+    PartialBatch,
     SessionRecord,
     catch_up,
     check_append,
@@ -44,7 +45,6 @@ from .base import (
 )
 
 __all__ = [
-    "PartialBatch",
     "append_batch",
     "append_one",
     "event_entries",
@@ -62,15 +62,6 @@ _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 _U64 = Struct(">Q")
 _F64 = Struct(">d")
-
-
-class PartialBatch(Exception):
-    """A batch stopped at request ``applied`` by ``error``: the ones before it still go."""
-
-    def __init__(self, applied: int, error: Exception) -> None:
-        super().__init__(applied, error)
-        self.applied = applied
-        self.error = error
 
 
 def unique_part(text: str) -> bytes:

@@ -37,6 +37,7 @@ __all__ = [
     "InlineAsyncStore",
     "ListPosition",
     "LoadedSession",
+    "PartialBatch",
     "Pending",
     "PreparedAppend",
     "SessionCopy",
@@ -339,6 +340,19 @@ class AppendResult:
     # For a locked append: the stored maps after it. Other sessions write the
     # app and user maps too, so replaying missed events would not suffice.
     stored_state: LoadedSession | None = None
+
+
+class PartialBatch(Exception):
+    """A batch stopped at request ``applied`` by ``error``: the ones before it still go.
+
+    Raised inside a batch's transaction, which it aborts; the store then
+    appends again the requests before ``applied`` alone.
+    """
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(applied, error)
+        self.applied = applied
+        self.error = error
 
 
 # What a batch append did: a result per request appended, and what stopped it.

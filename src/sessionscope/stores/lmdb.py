@@ -82,6 +82,7 @@ from .base import (
     Items,
     ListPosition,
     LoadedSession,
+    PartialBatch,
     Pending,
     SessionCopy,
     SessionRecord,
@@ -163,7 +164,6 @@ _item_entries = _hot.item_entries
 _event_entries = _hot.event_entries
 _in_time_order = _hot.in_time_order
 _list_key = _hot.list_key
-_PartialBatch = _hot.PartialBatch
 
 
 class _Gate:
@@ -1217,7 +1217,7 @@ class LmdbStore:
 
         try:
             return Completion.done((self._write(append_all).result(), None))
-        except _PartialBatch as partial:
+        except PartialBatch as partial:
             # The transaction was aborted: append again what came before the error.
             done: list[AppendResult] = []
             if partial.applied:
