@@ -30,6 +30,7 @@ __all__ = [
     "events_equal",
     "pack",
     "pack_event",
+    "packer",
     "unpack",
     "unreadable_event",
 ]
@@ -44,6 +45,15 @@ _PACKER_OPTIONS = {"use_bin_type": True, "datetime": False}
 # msgpack.packb builds a Packer on every call, which costs more than packing
 # a small value; each thread keeps one instead (a Packer is not thread-safe).
 _local = threading.local()
+
+
+def packer() -> Any:
+    """Return this thread's packer, for a caller that packs several values in a row."""
+    try:
+        return _local.packer
+    except AttributeError:
+        _local.packer = msgpack.Packer(**_PACKER_OPTIONS)
+        return _local.packer
 
 
 def pack(value: Any) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -21,8 +20,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from . import codec
-from .core import TEMP_PREFIX, apply_delta, check_storable, merge_scopes, partition_checked
-from .errors import SessionscopeError, StateValueError
+from .core import TEMP_PREFIX, apply_delta, compiled_or_twin, merge_scopes, partition_checked
+from .errors import SessionscopeError
 from .model import (
     Event,
     EventActions,
@@ -40,6 +39,7 @@ from .stores.base import (
     AppendResult,
     ListPosition,
     LoadedSession,
+    PreparedAppend,
     SessionRecord,
     finite_float,
     list_position,
@@ -48,6 +48,18 @@ from .stores.base import (
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    # The source is the type source; its compiled build has the same signatures.
+    from . import _append as _hot
+else:
+    _hot = compiled_or_twin("sessionscope._append")
+
+# Every append runs these: they live with the compiled append steps.
+MAX_ID_BYTES = _hot.MAX_ID_BYTES
+check_id = _hot.check_id
+check_session_id = _hot.check_session_id
+timestamp_of = _hot.timestamp_of
+event_to_record = _hot.event_to_record
 
 __all__ = [
     "MAX_ID_BYTES",
@@ -64,45 +76,8 @@ __all__ = [
 
 S = TypeVar("S")
 E = TypeVar("E")
-MAX_ID_BYTES = 4096
 # Makes each merge of a locked append into its live session one step.
 _live_merge = threading.Lock()
-# A str of this many characters is at most MAX_ID_BYTES of UTF-8.
-_SHORT_ID = MAX_ID_BYTES // 4
-
-
-def check_id(value: object, name: str) -> str:
-    """Return a valid id, or raise a ValueError that names the argument."""
-    if type(value) is str and 0 < len(value) <= _SHORT_ID and value.isascii():
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must not be empty")
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} is not encodable as UTF-8 (lone surrogate)") from None
-    if size > MAX_ID_BYTES:
-        raise ValueError(f"{name} is {size} bytes of UTF-8; the limit is {MAX_ID_BYTES}")
-    return value
-
-
-def check_session_id(value: object) -> str:
-    """Return a valid session id with surrounding whitespace stripped."""
-    if not isinstance(value, str):
-        raise ValueError(f"session_id must be a str, not {type(value).__name__}")
-    return check_id(value.strip(), "session_id")
-
-
-def timestamp_of(stamp: object) -> float:
-    """Return an event timestamp as a float; a TypeError or ValueError says what is wrong."""
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-        raise StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
-    try:
-        return float(stamp)
-    except OverflowError:
-        raise ValueError(f"event.timestamp {stamp!r} is out of the float range") from None
 
 
 def read_filters(config: Any) -> tuple[int | None, float | None]:
@@ -277,57 +252,6 @@ class NativeModel(FieldModel[Session, Event]):
         )
 
 
-_EVENT_FIELDS = (
-    "author",
-    "content",
-    "invocation_id",
-    "partial",
-    "branch",
-    "turn_complete",
-    "interrupted",
-    "error_code",
-    "error_message",
-    "custom_metadata",
-    "long_running_tool_ids",
-)
-_ACTION_FIELDS = ("transfer_to_agent", "escalate", "skip_summarization")
-
-
-def event_to_record(event: Event) -> dict[str, Any]:
-    """Return the storable map of an event, without the fields left at their default.
-
-    Every value but the state delta (checked with the delta itself) is checked
-    here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
-    """
-    record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
-    for name in _EVENT_FIELDS:
-        value = getattr(event, name)
-        if value is not None and value != "":
-            check_storable(value, f"event.{name}")
-            record[name] = value
-    actions = event.actions
-    packed: dict[str, Any] = {}
-    if actions.state_delta:
-        packed["state_delta"] = actions.state_delta
-    if actions.artifact_delta:
-        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
-        packed["artifact_delta"] = actions.artifact_delta
-    for name in _ACTION_FIELDS:
-        value = getattr(actions, name)
-        if value is not None:
-            check_storable(value, f"event.actions.{name}")
-            packed[name] = value
-    if actions.extra:
-        check_storable(actions.extra, "event.actions.extra")
-        packed["extra"] = actions.extra
-    if packed:
-        record["actions"] = packed
-    if event.extra:
-        check_storable(event.extra, "event.extra")
-        record["extra"] = event.extra
-    return record
-
-
 def event_from_record(record: dict[str, Any]) -> Event:
     """Return the event stored as ``record``."""
     actions = record.pop("actions", None)
@@ -335,16 +259,6 @@ def event_from_record(record: dict[str, Any]) -> Event:
     if actions is not None:
         event.actions = EventActions(**actions)
     return event
-
-
-@dataclass(slots=True)
-class PreparedAppend:
-    """An append checked and packed, waiting for the store."""
-
-    request: AppendRequest
-    delta: dict[str, Any]
-    original_delta: Mapping[str, Any] | None
-    temp: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -505,52 +419,10 @@ class ServiceCore(Generic[S, E]):
 
         Nothing is changed, on the event or the session, until the store has
         taken the append: ``finish_append`` does that, ``abandon_append``
-        undoes the one change made to the event here.
+        undoes the one change made to the event here. The prepared append is
+        itself the request the store takes.
         """
-        model = self.model
-        if model.is_partial(event):
-            return None
-        app_name, user_id, session_id = model.session_ids(session)
-        app = check_id(app_name, "session.app_name")
-        user = check_id(user_id, "session.user_id")
-        sid = check_session_id(session_id)
-        event_id = model.event_id(event)
-        timestamp = model.event_timestamp(event)
-        if not math.isfinite(timestamp):
-            raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
-        original = model.state_delta(event)
-        delta: dict[str, Any]
-        if original:
-            app_delta, user_delta, session_delta, temp = partition_checked(original)
-            delta = {k: v for k, v in original.items() if k not in temp} if temp else dict(original)
-        else:
-            app_delta = user_delta = session_delta = temp = delta = {}
-        if temp:
-            model.set_state_delta(event, delta)
-        try:
-            record = model.encode_event(event)
-        except BaseException:
-            if temp:
-                model.set_state_delta(event, dict(original))  # type: ignore[arg-type]
-            raise
-        _, events, last_update_time = model.live_parts(session)
-        request = AppendRequest(
-            app,
-            user,
-            sid,
-            event_id,
-            timestamp,
-            record,
-            codec.encode_items(app_delta) if app_delta else [],
-            codec.encode_items(user_delta) if user_delta else [],
-            codec.encode_items(session_delta) if session_delta else [],
-            model.marker(session),
-            last_update_time,
-            model.peek_event_id(events[-1]) if events else None,
-            locked,
-            catch_up=locked,
-        )
-        return PreparedAppend(request, delta, original if temp else None, temp)
+        return _hot.prepare_append(self.model, session, event, locked)
 
     def abandon_append(self, event: E, prepared: PreparedAppend) -> None:
         """Give the event back its delta, temp keys included, after a failed append."""
@@ -561,23 +433,13 @@ class ServiceCore(Generic[S, E]):
         self, session: S, event: E, prepared: PreparedAppend, result: AppendResult
     ) -> E:
         """Bring the live session up to date with what the store took."""
-        marker = result.marker
-        if result.duplicate or marker is None:
+        if _hot.finish_append(self.model, session, event, prepared, result):
             return event
-        if result.stored_state is not None:
-            # Finishes of locked appends to one live session may come from
-            # several threads at once: each merge is a few list and dict
-            # operations, done one at a time.
-            with _live_merge:
-                self._merge_locked(session, event, prepared, result)
-            return event
-        state, events, _ = self.model.live_parts(session)
-        if prepared.delta:
-            apply_delta(state, prepared.delta)
-        if prepared.temp:
-            apply_delta(state, prepared.temp)
-        events.append(event)
-        self.model.update_session(session, result.last_update_time, marker)
+        # Finishes of locked appends to one live session may come from
+        # several threads at once: each merge is a few list and dict
+        # operations, done one at a time.
+        with _live_merge:
+            self._merge_locked(session, event, prepared, result)
         return event
 
     def _merge_locked(
@@ -752,7 +614,7 @@ class AsyncSessions(Generic[S, E]):
         prepared = self._core.prepare_append(session, event, locked)
         if prepared is None:
             return event
-        completion = self.store.aio.append(prepared.request)
+        completion = self.store.aio.append(prepared)
         try:
             result = await completion
         except asyncio.CancelledError:
@@ -928,7 +790,7 @@ class SyncSessionService:
         if prepared is None:
             return event
         try:
-            result = self.store.append(prepared.request).result()
+            result = self.store.append(prepared).result()
         except BaseException:
             self._core.abandon_append(event, prepared)
             raise
@@ -950,14 +812,15 @@ class SyncSessionService:
             for session, event in appends:
                 prepared = core.prepare_append(session, event, locked=True)
                 if prepared is not None:
-                    prepared.request.catch_up = False
+                    prepared.catch_up = False
                     batch.append((session, event, prepared))
         except BaseException:
             for _, event, prepared in batch:
                 core.abandon_append(event, prepared)
             raise
         try:
-            results, error = self.store.append_many([p.request for _, _, p in batch]).result()
+            requests: list[AppendRequest] = [p for _, _, p in batch]
+            results, error = self.store.append_many(requests).result()
         except BaseException:
             for _, event, prepared in batch:
                 core.abandon_append(event, prepared)

@@ -19,7 +19,7 @@ import contextlib
 import heapq
 import math
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -37,7 +37,9 @@ __all__ = [
     "InlineAsyncStore",
     "ListPosition",
     "LoadedSession",
+    "PartialBatch",
     "Pending",
+    "PreparedAppend",
     "SessionCopy",
     "SessionRecord",
     "Store",
@@ -298,6 +300,26 @@ class AppendRequest:
 
 
 @dataclass(slots=True)
+class PreparedAppend(AppendRequest):
+    """An append request as the service prepared it, with what it needs to finish it.
+
+    One object per append, handed to the store as the request: the store
+    reads only the request's fields, the service keeps the delta to apply to
+    the live session (temp keys apart) and the event's original delta, to
+    give back if the append fails (None when nothing was taken from it).
+    """
+
+    delta: dict[str, Any] = field(default_factory=dict)
+    original_delta: Mapping[str, Any] | None = None
+    temp: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request(self) -> AppendRequest:
+        """Return the request to hand a store: this object itself."""
+        return self
+
+
+@dataclass(slots=True)
 class AppendResult:
     """What an append did: the session's new marker and time, or that it was a repeat."""
 
@@ -318,6 +340,19 @@ class AppendResult:
     # For a locked append: the stored maps after it. Other sessions write the
     # app and user maps too, so replaying missed events would not suffice.
     stored_state: LoadedSession | None = None
+
+
+class PartialBatch(Exception):
+    """A batch stopped at request ``applied`` by ``error``: the ones before it still go.
+
+    Raised inside a batch's transaction, which it aborts; the store then
+    appends again the requests before ``applied`` alone.
+    """
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(applied, error)
+        self.applied = applied
+        self.error = error
 
 
 # What a batch append did: a result per request appended, and what stopped it.

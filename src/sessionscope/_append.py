@@ -1,0 +1,230 @@
+"""The service's append steps: check and pack an append, then update the live session.
+
+Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
+compiles this file a second time as ``sessionscope._append_c``, and this
+module stays importable as it is, the twin that runs where nothing was
+compiled (``sessionscope.core.compiled_or_twin`` picks one). ``service.py``
+holds the rules' home, ``ServiceCore``, which calls these for every append;
+the id and timestamp checks and the native event encoding live here because
+every append runs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import _no_cython as cython
+    from .model import Event
+    from .stores.base import AppendResult
+else:
+    try:
+        import cython
+    except ImportError:  # a pure install runs without Cython
+        from . import _no_cython as cython
+
+from . import codec
+from .core import apply_delta, check_storable, partition_checked
+from .errors import StateValueError
+from .stores.base import PreparedAppend
+
+__all__ = [
+    "MAX_ID_BYTES",
+    "check_id",
+    "check_session_id",
+    "event_to_record",
+    "finish_append",
+    "prepare_append",
+    "timestamp_of",
+]
+
+MAX_ID_BYTES = 4096
+# A str of this many characters is at most MAX_ID_BYTES of UTF-8.
+_SHORT_ID = MAX_ID_BYTES // 4
+_INF = float("inf")
+
+_EVENT_FIELDS = (
+    "author",
+    "content",
+    "invocation_id",
+    "partial",
+    "branch",
+    "turn_complete",
+    "interrupted",
+    "error_code",
+    "error_message",
+    "custom_metadata",
+    "long_running_tool_ids",
+)
+_ACTION_FIELDS = ("transfer_to_agent", "escalate", "skip_summarization")
+
+
+def check_id(value: object, name: str) -> str:
+    """Return a valid id, or raise a ValueError that names the argument."""
+    if type(value) is str:
+        text: str = value
+        if 0 < len(text) <= _SHORT_ID and text.isascii():
+            return text
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not encodable as UTF-8 (lone surrogate)") from None
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"{name} is {size} bytes of UTF-8; the limit is {MAX_ID_BYTES}")
+    return value
+
+
+def check_session_id(value: object) -> str:
+    """Return a valid session id with surrounding whitespace stripped."""
+    if not isinstance(value, str):
+        raise ValueError(f"session_id must be a str, not {type(value).__name__}")
+    return check_id(value.strip(), "session_id")
+
+
+def timestamp_of(stamp: object) -> float:
+    """Return an event timestamp as a float; a TypeError or ValueError says what is wrong."""
+    if type(stamp) is float:
+        exact: float = stamp
+        return exact
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+        raise StateValueError(f"event.timestamp: {type(stamp).__name__} is not a number")
+    try:
+        return float(stamp)
+    except OverflowError:
+        raise ValueError(f"event.timestamp {stamp!r} is out of the float range") from None
+
+
+def event_to_record(event: Event) -> dict[str, Any]:
+    """Return the storable map of an event, without the fields left at their default.
+
+    Every value but the state delta (checked with the delta itself) is checked
+    here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
+    """
+    record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
+    for name in _EVENT_FIELDS:
+        value = getattr(event, name)
+        if value is not None and value != "":
+            check_storable(value, "event." + name)
+            record[name] = value
+    actions = event.actions
+    packed: dict[str, Any] = {}
+    if actions.state_delta:
+        packed["state_delta"] = actions.state_delta
+    if actions.artifact_delta:
+        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
+        packed["artifact_delta"] = actions.artifact_delta
+    for name in _ACTION_FIELDS:
+        value = getattr(actions, name)
+        if value is not None:
+            check_storable(value, "event.actions." + name)
+            packed[name] = value
+    if actions.extra:
+        check_storable(actions.extra, "event.actions.extra")
+        packed["extra"] = actions.extra
+    if packed:
+        record["actions"] = packed
+    if event.extra:
+        check_storable(event.extra, "event.extra")
+        record["extra"] = event.extra
+    return record
+
+
+@cython.cfunc
+def _items(pack: Any, delta: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """Return the (key, packed value) entries of a checked map."""
+    return [(key, pack(value)) for key, value in delta.items()]
+
+
+def prepare_append(model: Any, session: Any, event: Any, locked: bool) -> PreparedAppend | None:
+    """Check and pack an append; None for a partial event, which is not stored.
+
+    Nothing is changed, on the event or the session, until the store has
+    taken the append: ``finish_append`` does that; the service's
+    ``abandon_append`` undoes the one change made to the event here.
+    """
+    if model.is_partial(event):
+        return None
+    app_name, user_id, session_id = model.session_ids(session)
+    app: str = check_id(app_name, "session.app_name")
+    user: str = check_id(user_id, "session.user_id")
+    sid: str = check_session_id(session_id)
+    event_id: str = model.event_id(event)
+    timestamp: float = model.event_timestamp(event)
+    # Finite: not NaN (which compares unequal to itself) and not infinite.
+    if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
+        raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    original = model.state_delta(event)
+    pack = codec.packer().pack
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    delta: dict[str, Any]
+    temp: dict[str, Any]
+    if original:
+        app_delta, user_delta, session_delta, temp = partition_checked(original)
+        delta = {k: v for k, v in original.items() if k not in temp} if temp else dict(original)
+        if app_delta:
+            app_items = _items(pack, app_delta)
+        if user_delta:
+            user_items = _items(pack, user_delta)
+        if session_delta:
+            session_items = _items(pack, session_delta)
+    else:
+        temp = {}
+        delta = {}
+    if temp:
+        model.set_state_delta(event, delta)
+    try:
+        record: bytes = model.encode_event(event)
+    except BaseException:
+        if temp:
+            model.set_state_delta(event, dict(original))
+        raise
+    _, events, last_update_time = model.live_parts(session)
+    return PreparedAppend(
+        app,
+        user,
+        sid,
+        event_id,
+        timestamp,
+        record,
+        app_items,
+        user_items,
+        session_items,
+        model.marker(session),
+        last_update_time,
+        model.peek_event_id(events[-1]) if events else None,
+        locked,
+        locked,
+        delta,
+        original if temp else None,
+        temp,
+    )
+
+
+def finish_append(
+    model: Any, session: Any, event: Any, prepared: PreparedAppend, result: AppendResult
+) -> bool:
+    """Bring the live session up to date with a plain append; False for a locked one.
+
+    A locked append's result carries the stored maps and what the caller
+    missed: the service merges it under its lock (False tells it to).
+    Repeats and appends the store skipped change nothing.
+    """
+    marker = result.marker
+    if result.duplicate or marker is None:
+        return True
+    if result.stored_state is not None:
+        return False
+    state, events, _ = model.live_parts(session)
+    if prepared.delta:
+        apply_delta(state, prepared.delta)
+    if prepared.temp:
+        apply_delta(state, prepared.temp)
+    events.append(event)
+    model.update_session(session, result.last_update_time, marker)
+    return True

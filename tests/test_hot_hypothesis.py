@@ -1,0 +1,158 @@
+"""Property tests: the compiled append path and its source write the same bytes.
+
+Both builds run in this one process: the store and the service are pointed
+at one build, then the other, and the same appends (single, retried,
+batched, out of time order, with deltas on every scope and keys long enough
+to be stored under a digest) must leave byte-identical stores and give
+the same answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sessionscope.service
+import sessionscope.stores.lmdb
+from sessionscope.errors import SessionscopeError
+from sessionscope.model import Event, EventActions
+from sessionscope.service import SyncSessionService
+from sessionscope.stores.lmdb import LmdbStore
+
+PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
+
+
+def _builds(name: str) -> tuple[ModuleType, ModuleType | None]:
+    source = importlib.import_module(name)
+    try:
+        compiled: ModuleType | None = importlib.import_module(name + "_c")
+    except ImportError:
+        # Missing only where the pure build was asked for.
+        if not PURE_BUILD:
+            raise
+        compiled = None
+    return source, compiled
+
+
+SERVICE = _builds("sessionscope._append")
+STORE = _builds("sessionscope.stores._lmdb_append")
+
+pytestmark = pytest.mark.skipif(
+    SERVICE[1] is None or STORE[1] is None,
+    reason="compiled append path not built (SESSIONSCOPE_NO_EXTENSIONS is set)",
+)
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+LONG = "k" * 200  # over the raw part limit: stored under a digest
+names = st.sampled_from(["a", "b", LONG, "ü", "x" * 151])
+keys = st.one_of(
+    names,
+    st.builds(lambda p, n: p + n, st.sampled_from(["app:", "user:", "temp:"]), names),
+)
+values = st.one_of(st.integers(-5, 5), st.text(max_size=4), st.none(), st.lists(st.booleans()))
+deltas = st.dictionaries(keys, values, max_size=5)
+# (session, event number, time step, delta, how): time steps may go back.
+steps = st.tuples(
+    st.integers(0, 1),
+    st.integers(0, 7),
+    st.sampled_from([1.0, 0.0, -3.0, 0.5]),
+    deltas,
+    st.sampled_from(["one", "locked", "batch"]),
+)
+
+
+@contextmanager
+def _running(service_build: ModuleType, store_build: ModuleType) -> Iterator[None]:
+    saved = sessionscope.service._hot, sessionscope.stores.lmdb._hot
+    sessionscope.service._hot = service_build  # type: ignore[assignment]
+    sessionscope.stores.lmdb._hot = store_build  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sessionscope.service._hot, sessionscope.stores.lmdb._hot = saved
+
+
+def _dump(store: LmdbStore) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    with store._env.begin() as txn:
+        return {
+            name: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=handle)]
+            for name, handle in sorted(store._dbs.items())
+        }
+
+
+def _run(path: Path, plan: list[Any]) -> tuple[list[Any], dict[bytes, list[Any]]]:
+    """Run a plan of appends on a new store; return what each did and the stored bytes."""
+    store = LmdbStore(path, durability="deferred", map_size=1 << 20)
+    answers: list[Any] = []
+    try:
+        service = SyncSessionService(store)
+        sessions = []
+        for n in range(2):
+            store.create_session("app", "user", f"s{n}", 1000.0, [], [], []).result()
+            session = service.get_session(app_name="app", user_id="user", session_id=f"s{n}")
+            assert session is not None
+            sessions.append(session)
+        clock = 1000.0
+        batch: list[Any] = []
+        for which, number, step, delta, how in plan:
+            clock += step
+            event = Event(
+                author="tester",
+                id=f"e{number}",
+                timestamp=clock,
+                actions=EventActions(state_delta=dict(delta)),
+            )
+            session = sessions[which]
+            try:
+                if how == "batch":
+                    batch.append((session, event))
+                    continue
+                if batch:
+                    answers.append([e.id for e in service.append_many(batch)])
+                    batch = []
+                if how == "locked":
+                    service.append_event_locked(session, event)
+                else:
+                    service.append_event(session, event)
+                answers.append((session.revision, session.last_update_time, dict(session.state)))
+            except SessionscopeError as error:
+                batch = []
+                answers.append(type(error).__name__)
+        if batch:
+            try:
+                answers.append([e.id for e in service.append_many(batch)])
+            except SessionscopeError as error:
+                answers.append(type(error).__name__)
+        return answers, _dump(store)
+    finally:
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@SETTINGS
+@given(plan=st.lists(steps, max_size=14))
+def test_both_builds_store_the_same_bytes(
+    plan: list[Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    (service_source, service_compiled), (store_source, store_compiled) = SERVICE, STORE
+    assert service_compiled is not None and store_compiled is not None
+    with _running(service_source, store_source):
+        expected = _run(tmp_path_factory.mktemp("twin"), plan)
+    with _running(service_compiled, store_compiled):
+        got = _run(tmp_path_factory.mktemp("compiled"), plan)
+    assert got == expected
