@@ -1,4 +1,8 @@
-"""Build the compiled scope core; everything else is in pyproject.toml.
+"""Build the compiled scope core and hot path; everything else is in pyproject.toml.
+
+The hot-path modules are annotated Python (Cython's pure-Python mode): each
+is compiled a second time under its own name with a ``_c`` suffix, so the
+source stays importable as the pure-Python twin beside its compiled build.
 
 SESSIONSCOPE_NO_EXTENSIONS=1 builds the pure-Python package on purpose. Without
 it a missing compiler or Cython fails the build loudly: the pure twin is never a
@@ -20,9 +24,16 @@ if PURE_BUILD:
 else:
     from Cython.Build import cythonize
 
+    # (compiled module, source): sessionscope.core.compiled_or_twin picks them.
+    HOT_PATH = [
+        ("sessionscope.stores._lmdb_append_c", "src/sessionscope/stores/_lmdb_append.py"),
+    ]
     setup(
         ext_modules=cythonize(
-            [Extension("sessionscope._core", ["src/sessionscope/_core.pyx"])],
+            [
+                Extension("sessionscope._core", ["src/sessionscope/_core.pyx"]),
+                *(Extension(name, [source]) for name, source in HOT_PATH),
+            ],
             compiler_directives={"language_level": "3", "embedsignature": True},
         )
     )

@@ -74,7 +74,9 @@ def test_exported_names(core_impl: ModuleType) -> None:
 
 
 def test_dispatcher_exports() -> None:
-    assert sorted(sessionscope.core.__all__) == sorted([*EXPORTED, "IMPLEMENTATION"])
+    # Besides the core's names: what picks and reports the hot-path modules.
+    picking = ["IMPLEMENTATION", "IMPLEMENTATIONS", "compiled_or_twin"]
+    assert sorted(sessionscope.core.__all__) == sorted([*EXPORTED, *picking])
     assert sessionscope.core.IMPLEMENTATION in ("c", "py")
     impl = importlib.import_module(
         "sessionscope._core" if sessionscope.core.IMPLEMENTATION == "c" else "sessionscope._core_py"

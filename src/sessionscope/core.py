@@ -7,10 +7,16 @@ is used, falling back to the twin when it is not built, unless
 ``SESSIONSCOPE_REQUIRE_EXTENSIONS`` is set, which makes a missing compiled core
 an ImportError (so a CI job meant to test the compiled core cannot silently
 test the twin). ``IMPLEMENTATION`` says which one was picked: ``"c"`` or ``"py"``.
+
+The same switches pick the compiled hot path (``compiled_or_twin``): modules
+written once as annotated Python (Cython's pure-Python mode) and compiled a
+second time under the same name with a ``_c`` suffix, so the source stays
+importable as the twin. ``IMPLEMENTATIONS`` says what runs for each of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 from types import ModuleType
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 __all__ = [
     "APP_PREFIX",
     "IMPLEMENTATION",
+    "IMPLEMENTATIONS",
     "KEY_PREFIX_APP",
     "KEY_PREFIX_TEMP",
     "KEY_PREFIX_USER",
@@ -29,6 +36,7 @@ __all__ = [
     "apply_delta",
     "check_delta",
     "check_storable",
+    "compiled_or_twin",
     "merge_scopes",
     "partition_by_scope",
     "partition_checked",
@@ -45,6 +53,38 @@ NO_EXTENSIONS = _flag("SESSIONSCOPE_NO_EXTENSIONS") or platform.python_implement
 REQUIRE_EXTENSIONS = _flag("SESSIONSCOPE_REQUIRE_EXTENSIONS")
 
 
+def _required_error(name: str, exc: ImportError) -> ImportError:
+    return ImportError(
+        "SESSIONSCOPE_REQUIRE_EXTENSIONS is set but the compiled module "
+        f"{name} cannot be imported ({exc}); reinstall sessionscope "
+        "with a C compiler available, or unset SESSIONSCOPE_REQUIRE_EXTENSIONS "
+        "to fall back to the pure-Python modules"
+    )
+
+
+# What runs for each module of the hot path: "c" or "py", by source module name.
+IMPLEMENTATIONS: dict[str, Literal["c", "py"]] = {}
+
+
+def compiled_or_twin(name: str) -> ModuleType:
+    """Return the compiled build of a pure-Python-mode module (``name`` + ``_c``), or its source.
+
+    The source module is the twin: it runs where the build is switched off
+    or missing, as the scope core's twin does (see the module docstring).
+    """
+    module: ModuleType | None = None
+    if not NO_EXTENSIONS:
+        try:
+            module = importlib.import_module(name + "_c")
+        except ImportError as exc:
+            if REQUIRE_EXTENSIONS:
+                raise _required_error(name + "_c", exc) from exc
+    if module is None:
+        module = importlib.import_module(name)
+    IMPLEMENTATIONS[name] = "c" if module.__name__ == name + "_c" else "py"
+    return module
+
+
 def _load() -> ModuleType:
     if NO_EXTENSIONS:
         from sessionscope import _core_py
@@ -54,12 +94,7 @@ def _load() -> ModuleType:
         from sessionscope import _core
     except ImportError as exc:
         if REQUIRE_EXTENSIONS:
-            raise ImportError(
-                "SESSIONSCOPE_REQUIRE_EXTENSIONS is set but the compiled core "
-                f"sessionscope._core cannot be imported ({exc}); reinstall sessionscope "
-                "with a C compiler available, or unset SESSIONSCOPE_REQUIRE_EXTENSIONS "
-                "to fall back to the pure-Python core"
-            ) from exc
+            raise _required_error("sessionscope._core", exc) from exc
         from sessionscope import _core_py
 
         return _core_py

@@ -49,16 +49,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import lru_cache, partial
-from hashlib import blake2b
+from functools import partial
 from itertools import islice, pairwise
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import quote
 
 import lmdb
 
 from ..codec import decode_event, decode_stored, pack, unpack
+from ..core import compiled_or_twin
 from ..errors import (
     AlreadyExistsError,
     CorruptStoreError,
@@ -85,13 +85,10 @@ from .base import (
     Pending,
     SessionCopy,
     SessionRecord,
-    catch_up,
-    check_append,
     check_copy,
     check_ttl,
     copies_equal,
     event_copy,
-    events_seen,
     finish_all,
     finite_float,
     list_position,
@@ -115,7 +112,6 @@ _FORMAT_KEY = b"format"
 _NUMBER_KEY = b"next_number"
 # Numbers of removed sessions whose state and events are still to delete.
 _PURGE = b"purge"
-_RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 # The magic number at the start of every LMDB meta page (after the page header).
 _LMDB_MAGIC = 0xBEEFC0DE
@@ -152,63 +148,22 @@ def _note_fork() -> None:
 os.register_at_fork(after_in_child=_note_fork)
 
 
-def _unique_part(text: str) -> bytes:
-    """Return the key part of an id: self-delimiting, so parts concatenate safely."""
-    raw = text.encode()
-    if len(raw) <= _RAW_PART_LIMIT:
-        return len(raw).to_bytes(2, "big") + raw
-    return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+if TYPE_CHECKING:
+    # The source is the type source; its compiled build has the same signatures.
+    from . import _lmdb_append as _hot
+else:
+    _hot = compiled_or_twin("sessionscope.stores._lmdb_append")
 
-
-# App, user, session ids and state keys recur from call to call: remember their
-# parts. Event ids never recur, so they take _unique_part and stay out of the cache.
-_part = lru_cache(maxsize=4096)(_unique_part)
-
-
-def _sortable_time(timestamp: float) -> bytes:
-    """Return 8 bytes that sort as the float does (negatives included)."""
-    # -0.0 + 0.0 is 0.0: the two zeros compare equal, so they must sort equal.
-    (bits,) = _U64.unpack(_F64.pack(timestamp + 0.0))
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
-    return _U64.pack(bits)
-
-
-def _item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
-    """Yield the entries of state items stored under ``owner``."""
-    for key, value in items:
-        part = _part(key)
-        if part[:2] == _DIGEST_MARK:
-            value = pack([key, value])
-        yield owner + part, value
-
-
-def _event_entries(
-    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest, timed: bool
-) -> tuple[tuple[bytes, bytes], ...]:
-    """Return the data entries of an event appended as the session's next one.
-
-    The record (after its timestamp, which an ``after_timestamp`` read checks
-    first), its id index entry and, when the session keeps one (``timed``),
-    its time index entry.
-    """
-    seq = _U64.pack(record.event_count)
-    timestamp = request.timestamp
-    entries = (
-        (number + _EVENT + seq, _F64.pack(timestamp) + request.event),
-        (id_key, seq),
-    )
-    if not timed:
-        return entries
-    return (*entries, (number + _EVENT_TIME + _sortable_time(timestamp) + seq, b""))
-
-
-def _in_time_order(record: SessionRecord, timestamp: float) -> bool:
-    """Return whether an event at ``timestamp`` keeps the session's events in time order.
-
-    ``last_update_time`` is the last event's time, or later (a restored
-    session whose copy said so): comparing with it never misses a step back.
-    """
-    return not record.stored_count or timestamp >= record.last_update_time
+# The key helpers live with the append bodies, which run them on every append.
+_unique_part = _hot.unique_part
+# App, user, session ids and state keys recur: their parts are remembered.
+_part = _hot.part
+_sortable_time = _hot.sortable_time
+_item_entries = _hot.item_entries
+_event_entries = _hot.event_entries
+_in_time_order = _hot.in_time_order
+_list_key = _hot.list_key
+_PartialBatch = _hot.PartialBatch
 
 
 class _Gate:
@@ -1246,51 +1201,7 @@ class LmdbStore:
 
     def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
         """Append one event: check, write its entries, update the session record."""
-        record = self._record(txn, request.app_name, request.user_id, request.session_id)
-        data = self._data
-        stored = None
-        if record is not None:
-            number = _U64.pack(record.number)
-            id_key = number + _EVENT_ID + _unique_part(request.event_id)
-            stored = self._stored_event(txn, number, id_key)
-        if check_append(record, request, stored):
-            return AppendResult(None, duplicate=True)
-        assert record is not None
-        known = None
-        if request.catch_up:
-
-            def seq_of(event_id: str) -> int | None:
-                seq = txn.get(number + _EVENT_ID + _unique_part(event_id), db=data)
-                return None if seq is None else int(_U64.unpack(seq)[0])
-
-            known = events_seen(request, record, seq_of)
-        count_before = record.event_count
-        if request.app_items or request.user_items:
-            app = _part(request.app_name)
-            self._put_items(txn, self._shared, _APP + app, request.app_items)
-            owner = _USER + app + _part(request.user_id)
-            self._put_items(txn, self._shared, owner, request.user_items)
-        if request.session_items:
-            self._put_items(txn, self._data, number + _STATE, request.session_items)
-        timed = self._timed(record)
-        if not timed and not _in_time_order(record, request.timestamp):
-            self._start_time_index(txn, record)
-            timed = True
-        for key, value in _event_entries(number, id_key, record, request, timed):
-            txn.put(key, value, db=data)
-        old_time = record.last_update_time
-        record.advance(request.event_id, request.timestamp)
-        self._put_record(txn, record)
-        self._relist(txn, record, old_time)
-        result = AppendResult(record.marker, record.last_update_time)
-        if not request.catch_up:
-            return result
-        return catch_up(
-            result,
-            known,
-            lambda start: self._events(txn, number, start, count_before),
-            lambda: self._loaded(txn, record, []),
-        )
+        return _hot.append_one(self, txn, request)
 
     def append(self, request: AppendRequest) -> Completion[AppendResult]:
         """Append one event and apply its packed delta, all or nothing."""
@@ -1305,65 +1216,7 @@ class LmdbStore:
         """
 
         def append_all(txn: Any) -> list[AppendResult]:
-            data, shared = self._data, self._shared
-            results: list[AppendResult] = []
-            # Each session's record, number and last update time before the batch.
-            records: dict[tuple[str, str, str], tuple[SessionRecord, bytes, float]] = {}
-            data_puts: list[tuple[bytes, bytes]] = []
-            shared_puts: list[tuple[bytes, bytes]] = []
-            # Events of this batch by id key: not yet in the store, seen by repeats.
-            batch_events: dict[bytes, bytes] = {}
-            for index, request in enumerate(requests):
-                ids = (request.app_name, request.user_id, request.session_id)
-                known = records.get(ids)
-                if known is None:
-                    found = self._record(txn, *ids)
-                    if found is not None:
-                        known = (found, _U64.pack(found.number), found.last_update_time)
-                        records[ids] = known
-                record: SessionRecord | None = None
-                stored = None
-                if known is not None:
-                    record, number, _ = known
-                    id_key = number + _EVENT_ID + _unique_part(request.event_id)
-                    stored = batch_events.get(id_key)
-                    if stored is None:
-                        stored = self._stored_event(txn, number, id_key)
-                try:
-                    if check_append(record, request, stored):
-                        results.append(AppendResult(None, duplicate=True))
-                        continue
-                except Exception as error:
-                    raise _PartialBatch(index, error) from error
-                assert record is not None
-                if request.app_items or request.user_items:
-                    app = _part(request.app_name)
-                    shared_puts.extend(_item_entries(_APP + app, request.app_items))
-                    owner = _USER + app + _part(request.user_id)
-                    shared_puts.extend(_item_entries(owner, request.user_items))
-                if request.session_items:
-                    data_puts.extend(_item_entries(number + _STATE, request.session_items))
-                timed = self._timed(record)
-                if not timed and not _in_time_order(record, request.timestamp):
-                    # The index is built from what the transaction holds: write the batch so far.
-                    if data_puts:
-                        txn.cursor(db=data).putmulti(data_puts)
-                        data_puts.clear()
-                    self._start_time_index(txn, record)
-                    timed = True
-                data_puts.extend(_event_entries(number, id_key, record, request, timed))
-                batch_events[id_key] = request.event
-                record.advance(request.event_id, request.timestamp)
-                results.append(AppendResult(record.marker, record.last_update_time))
-            # putmulti writes in list order and overwrites: the last write of
-            # a key wins. (Sorting first was measured slower than it saves.)
-            for handle, puts in ((data, data_puts), (shared, shared_puts)):
-                if puts:
-                    txn.cursor(db=handle).putmulti(puts)
-            for record, _, old_time in records.values():
-                self._put_record(txn, record)
-                self._relist(txn, record, old_time)
-            return results
+            return _hot.append_batch(self, txn, requests)
 
         try:
             return Completion.done((self._write(append_all).result(), None))
@@ -2119,15 +1972,6 @@ def _upgrade_to_2(env: Any) -> None:
         txn.put(_FORMAT_KEY, bytes([2]) + pack(header), db=meta)
 
 
-class _PartialBatch(Exception):
-    """Carries how many requests of a batch succeeded before one failed."""
-
-    def __init__(self, applied: int, error: Exception) -> None:
-        super().__init__(applied, error)
-        self.applied = applied
-        self.error = error
-
-
 def path_uri(path: str | os.PathLike[str]) -> str:
     """Return the ``lmdb://`` URI of a store directory, which ``open_store`` reads back.
 
@@ -2438,16 +2282,6 @@ def _check_format(path: Path, header: bytes | None) -> int:
 def _db_names(version: int) -> tuple[bytes, ...]:
     """Return the named databases a store of ``version`` holds."""
     return _DB_NAMES if version == 1 else (*_DB_NAMES, _LISTING)
-
-
-def _list_key(record: SessionRecord) -> bytes:
-    """Return the list index key of a session: app, last update time, number.
-
-    Within one time the order of the numbers is not the listing order; a
-    page sorts each run of equal times by its ids (see ``LmdbStore.list_page``).
-    """
-    app = _part(record.app_name)
-    return app + _sortable_time(record.last_update_time) + _U64.pack(record.number)
 
 
 def _after(prefix: bytes) -> bytes | None:

@@ -1,0 +1,35 @@
+"""The few names of Cython's pure-Python mode the hot-path modules use, for a pure install.
+
+With Cython installed, ``import cython`` finds its own shadow module; a
+package installed without extensions may lack Cython, and these stand in:
+the types are plain Python types, the decorators leave functions as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+compiled = False
+
+bint = bool
+int = int
+double = float
+Py_ssize_t = int
+
+
+def cfunc(function: F) -> F:
+    """Leave a function as it is (compiled, it becomes a C function)."""
+    return function
+
+
+def ccall(function: F) -> F:
+    """Leave a function as it is (compiled, it becomes a cpdef function)."""
+    return function
+
+
+def inline(function: F) -> F:
+    """Leave a function as it is (compiled, it is inlined)."""
+    return function

@@ -1,0 +1,119 @@
+"""Which build of each hot-path module runs: the compiled one, or its source as the twin."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sessionscope.core
+import sessionscope.stores.lmdb
+
+# Every module compiled from annotated Python, by source name.
+HOT_PATH = ["sessionscope.stores._lmdb_append"]
+
+PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
+BUILT = {name: importlib.util.find_spec(name + "_c") is not None for name in HOT_PATH}
+HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT_PATH)
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    child_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SESSIONSCOPE_NO_EXTENSIONS", "SESSIONSCOPE_REQUIRE_EXTENSIONS")
+    }
+    child_env.update(env)
+    show = (
+        "import sessionscope.stores.lmdb as l, sessionscope.core as c; "
+        "print(l._hot.__name__, c.IMPLEMENTATIONS[l._hot.__name__.removesuffix('_c')])"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; " + code + show],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _picked(code: str = "", **env: str) -> str:
+    result = _run(code, **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_this_process_runs_what_it_says() -> None:
+    running = sessionscope.stores.lmdb._hot.__name__
+    expected = "py" if PURE_BUILD else "c"
+    assert {HOT_PATH[0]: expected} == sessionscope.core.IMPLEMENTATIONS
+    assert running == HOT_PATH[0] + ("_c" if expected == "c" else "")
+
+
+def test_no_extensions_runs_the_source() -> None:
+    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="1") == f"{HOT_PATH[0]} py"
+    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="1", SESSIONSCOPE_REQUIRE_EXTENSIONS="1") == (
+        f"{HOT_PATH[0]} py"
+    )
+
+
+@pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")
+def test_the_compiled_build_is_picked() -> None:
+    assert _picked(SESSIONSCOPE_REQUIRE_EXTENSIONS="1") == f"{HOT_PATH[0]}_c c"
+    assert _picked(SESSIONSCOPE_NO_EXTENSIONS="0") == f"{HOT_PATH[0]}_c c"
+
+
+def test_a_missing_build_falls_back_to_the_source() -> None:
+    assert _picked(HIDE_COMPILED) == f"{HOT_PATH[0]} py"
+
+
+def test_a_missing_build_is_an_error_when_required() -> None:
+    result = _run(HIDE_COMPILED, SESSIONSCOPE_REQUIRE_EXTENSIONS="1")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert f"{HOT_PATH[0]}_c cannot be imported" in result.stderr
+
+
+@pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")
+@pytest.mark.parametrize("name", HOT_PATH)
+def test_both_builds_export_the_same_names(name: str) -> None:
+    source = importlib.import_module(name)
+    compiled = importlib.import_module(name + "_c")
+    assert compiled.__all__ == source.__all__
+    for export in source.__all__:
+        assert callable(getattr(compiled, export))
+    # The compiled build really is compiled, the source really is not.
+    assert compiled.__file__ is not None and not compiled.__file__.endswith(".py")
+    assert source.__file__ is not None and source.__file__.endswith(".py")
+    assert not source.cython.compiled
+
+
+def test_the_source_runs_without_cython_installed(tmp_path: Path) -> None:
+    # A pure install may lack Cython: the source then takes its stand-ins.
+    code = (
+        "sys.modules['cython'] = None; "
+        "import sessionscope.stores.lmdb as l, sessionscope.service as s; "
+        f"store = l.LmdbStore({str(tmp_path)!r}, durability='deferred'); "
+        "service = s.SyncSessionService(store); "
+        "session = service.create_session(app_name='a', user_id='u'); "
+        "from sessionscope.model import Event; "
+        "service.append_event(session, Event(author='x', actions=__import__("
+        "'sessionscope.model').model.EventActions(state_delta={'k': 1}))); "
+        "print(l._hot.cython.__name__, service.get_session(app_name='a', user_id='u', "
+        "session_id=session.id).state); store.close(); "
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; " + code],
+        env={**os.environ, "SESSIONSCOPE_NO_EXTENSIONS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sessionscope._no_cython", "{'k':", "1}"]
