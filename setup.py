@@ -28,6 +28,7 @@ else:
     HOT_PATH = [
         ("sessionscope.stores._lmdb_append_c", "src/sessionscope/stores/_lmdb_append.py"),
         ("sessionscope._append_c", "src/sessionscope/_append.py"),
+        ("sessionscope._listing_c", "src/sessionscope/_listing.py"),
     ]
     setup(
         ext_modules=cythonize(

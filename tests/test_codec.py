@@ -36,6 +36,17 @@ def test_tuples_come_back_as_lists() -> None:
     assert codec.decode_value(codec.encode_value((1, (2, 3)), "state['t']")) == [1, [2, 3]]
 
 
+def test_unpack_keeps_the_options_stored_bytes_need() -> None:
+    # codec.unpack relies on msgpack's defaults: str as str, bytes as bytes,
+    # arrays as lists, and only str or bytes map keys.
+    packed = msgpack.packb({"s": "text", "b": b"raw", "a": (1, 2)}, use_bin_type=True)
+    back = codec.unpack(packed)
+    assert back == {"s": "text", "b": b"raw", "a": [1, 2]}
+    assert type(back["s"]) is str and type(back["b"]) is bytes and type(back["a"]) is list
+    with pytest.raises(ValueError):
+        codec.unpack(msgpack.packb({1: "int key"}))
+
+
 def test_nan_and_infinities_are_floats() -> None:
     back = codec.decode_value(codec.encode_value([math.inf, -math.inf, math.nan], "v"))
     assert back[:2] == [math.inf, -math.inf] and math.isnan(back[2])

@@ -15,7 +15,8 @@ import sessionscope.service
 import sessionscope.stores.lmdb
 
 # Every module compiled from annotated Python, by source name.
-HOT_PATH = ["sessionscope._append", "sessionscope.stores._lmdb_append"]
+# The order is the order the child below prints what each of them runs.
+HOT_PATH = ["sessionscope._append", "sessionscope.stores._lmdb_append", "sessionscope._listing"]
 
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
 BUILT = {name: importlib.util.find_spec(name + "_c") is not None for name in HOT_PATH}
@@ -31,7 +32,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     child_env.update(env)
     show = (
         "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
-        "print(s._hot.__name__, l._hot.__name__, *sorted(c.IMPLEMENTATIONS.items()))"
+        "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, "
+        "*sorted(c.IMPLEMENTATIONS.items()))"
     )
     return subprocess.run(
         [sys.executable, "-c", "import sys; " + code + show],
@@ -53,7 +55,7 @@ def _expected(kind: str) -> str:
     """Return what a child prints when every hot-path module runs ``kind``."""
     suffix = "_c" if kind == "c" else ""
     running = " ".join(name + suffix for name in HOT_PATH)
-    return running + " " + " ".join(str((name, kind)) for name in HOT_PATH)
+    return running + " " + " ".join(str((name, kind)) for name in sorted(HOT_PATH))
 
 
 def test_this_process_runs_what_it_says() -> None:
@@ -62,6 +64,7 @@ def test_this_process_runs_what_it_says() -> None:
     suffix = "_c" if expected == "c" else ""
     assert sessionscope.service._hot.__name__ == HOT_PATH[0] + suffix
     assert sessionscope.stores.lmdb._hot.__name__ == HOT_PATH[1] + suffix
+    assert sessionscope.service._listing.__name__ == HOT_PATH[2] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:

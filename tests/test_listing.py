@@ -12,7 +12,7 @@ import lmdb
 import pytest
 
 from _stores import APP, StoreFactory, child_env, ev, lmdb_factory, store_factory  # noqa: F401
-from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService
+from sessionscope import GetSessionConfig, LmdbStore, SessionMeta, SyncSessionService
 from sessionscope.errors import StoreError
 from sessionscope.stores.base import SessionCopy, list_position, page_records
 
@@ -251,3 +251,34 @@ def test_the_upgrade_command(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == {"path": str(path), "format_before": 2, "format": 2}
+
+
+def test_listed_metadata_is_the_sessions_own(tmp_path: Path) -> None:
+    """Every field of a listed session, before and after a truncation moves its revision."""
+    with SyncSessionService(LmdbStore(tmp_path / "store")) as service:
+        kept = service.create_session(app_name=APP, user_id="u", session_id="kept")
+        cut = service.create_session(app_name=APP, user_id="u", session_id="cut")
+        for n in range(3):
+            service.append_event(kept, ev(ts=2000.0 + n))
+            service.append_event(cut, ev(ts=1000.0 + n))
+        service.truncate_events(app_name=APP, user_id="u", session_id="cut", keep_last=1)
+        listed = service.list_sessions(app_name=APP).sessions
+        assert [meta.id for meta in listed] == ["cut", "kept"]
+        for meta in listed:
+            session = service.get_session(app_name=APP, user_id="u", session_id=meta.id)
+            assert session is not None
+            expected = SessionMeta(
+                session.id,
+                APP,
+                "u",
+                session.last_update_time,
+                meta.create_time,
+                len(session.events),
+                session.revision,
+            )
+            assert meta == expected
+            assert hash(meta) == hash(expected) and repr(meta) == repr(expected)
+        assert listed[0].event_count == 1 and listed[0].revision.count(":") == 2
+        assert listed[1].event_count == 3 and listed[1].revision.count(":") == 1
+        with pytest.raises(AttributeError):
+            listed[0].event_count = 5  # type: ignore[misc]

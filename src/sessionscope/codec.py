@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from functools import partial
 from typing import Any
 
 import msgpack
@@ -66,7 +65,12 @@ def pack(value: Any) -> bytes:
     return result
 
 
-unpack = partial(msgpack.unpackb, raw=False, strict_map_key=True, use_list=True)
+# The options unpacking needs are msgpack's defaults since 1.0 (the oldest
+# version this package accepts): raw=False (strings come back as str),
+# strict_map_key=True, use_list=True. Passing them as keywords on every call
+# costs a third of decoding a session record, the whole of a listing's work,
+# so they are left to the defaults; tests/test_codec.py checks each of them.
+unpack = msgpack.unpackb
 
 
 def decode_stored(data: bytes | memoryview, what: str) -> Any:

@@ -16,12 +16,13 @@ clock starts, so the figures measure the service, not JSON parsing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib
 import math
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -528,17 +529,26 @@ def replay(
     collector is paused during the timed loop unless ``keep_gc``.
     """
     calls = _prepare(target, records)
-    # The loaded trace and the live sessions are the replayer's own objects, not
-    # the service under test: pause the cyclic collector while the clock runs
-    # (reference counting still frees everything acyclic), or its full passes
-    # over them take a third of a bulk replay. ``keep_gc`` measures with it on.
+    with collector_paused(not keep_gc):
+        return _replay(target, records, calls, batch, verify_result, progress, stream,
+                       on_append, budget_s)  # fmt: skip
+
+
+@contextlib.contextmanager
+def collector_paused(pause: bool = True) -> Iterator[None]:
+    """Pause the cyclic garbage collector for a timed run over prepared objects.
+
+    A loaded trace (or a prepared workload) and the live sessions are the
+    replayer's own objects, not the service under test: the collector's full
+    passes over them take a third of a bulk replay. Reference counting still
+    frees everything acyclic meanwhile; the collector runs once before.
+    """
     gc.collect()
-    paused = gc.isenabled() and not keep_gc
+    paused = pause and gc.isenabled()
     if paused:
         gc.disable()
     try:
-        return _replay(target, records, calls, batch, verify_result, progress, stream,
-                       on_append, budget_s)  # fmt: skip
+        yield
     finally:
         if paused:
             gc.enable()

@@ -28,7 +28,6 @@ from .model import (
     GetSessionConfig,
     ListSessionsResponse,
     Session,
-    SessionMeta,
     check_filters,
     new_event_id,
     new_session_id,
@@ -51,8 +50,10 @@ if TYPE_CHECKING:
 
     # The source is the type source; its compiled build has the same signatures.
     from . import _append as _hot
+    from . import _listing
 else:
     _hot = compiled_or_twin("sessionscope._append")
+    _listing = compiled_or_twin("sessionscope._listing")
 
 # Every append runs these: they live with the compiled append steps.
 MAX_ID_BYTES = _hot.MAX_ID_BYTES
@@ -508,7 +509,7 @@ def cursor_position(cursor: str | None) -> ListPosition | None:
 
 def page_of(page: list[SessionRecord], more: bool) -> ListSessionsResponse:
     """Return a store's listing page as session metadata, with the cursor past it."""
-    metas = [_meta(record) for record in page]
+    metas = _listing.metas(page)
     next_cursor = _encode_cursor(list_position(page[-1])) if more and page else None
     return ListSessionsResponse(metas, next_cursor)
 
@@ -525,18 +526,6 @@ def _decode_cursor(cursor: object) -> tuple[float, str, str]:
         return float(stamp), str(user), str(sid)
     except Exception:
         raise ValueError(f"cursor {cursor!r} is not one a listing returned") from None
-
-
-def _meta(record: SessionRecord) -> SessionMeta:
-    return SessionMeta(
-        record.session_id,
-        record.app_name,
-        record.user_id,
-        record.last_update_time,
-        record.create_time,
-        record.stored_count,
-        record.marker,
-    )
 
 
 def _resolve_store(store: Store | str | None) -> Store:

@@ -21,6 +21,7 @@ import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..codec import events_equal
@@ -463,6 +464,10 @@ def list_position(record: SessionRecord) -> ListPosition:
     return record.last_update_time, record.user_id, record.session_id
 
 
+# list_position as a C-level getter: sorting a whole listing calls it once per session.
+_position = attrgetter("last_update_time", "user_id", "session_id")
+
+
 def page_records(
     records: Iterable[SessionRecord], limit: int | None, after: ListPosition | None
 ) -> tuple[list[SessionRecord], bool]:
@@ -471,13 +476,10 @@ def page_records(
     A store without a list index pages this way: the cost follows the
     records given, not the page.
     """
-    if after is not None:
-        records = [r for r in records if list_position(r) > after]
-    else:
-        records = list(records)
+    records = list(records) if after is None else [r for r in records if _position(r) > after]
     if limit is None or len(records) <= limit:
-        return sorted(records, key=list_position), False
-    return heapq.nsmallest(limit, records, key=list_position), True
+        return sorted(records, key=_position), False
+    return heapq.nsmallest(limit, records, key=_position), True
 
 
 class Store(Protocol):

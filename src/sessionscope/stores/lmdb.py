@@ -1104,11 +1104,14 @@ class LmdbStore:
         def scan(txn: Any) -> list[SessionRecord]:
             cursor = txn.cursor(db=self._sessions)
             records: list[SessionRecord] = []
-            if cursor.set_range(prefix):
-                for key, value in cursor.iternext():
-                    if not key.startswith(prefix):
-                        break
-                    records.append(SessionRecord.from_list(unpack(value)))
+            if not cursor.set_range(prefix):
+                return records
+            add, record_of = records.append, SessionRecord
+            # One record per session of the app: the loop is the whole listing's cost.
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    break
+                add(record_of(*unpack(value)))
             return records
 
         return self._read(scan)

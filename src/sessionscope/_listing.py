@@ -1,0 +1,57 @@
+"""A listing page's metadata: one ``SessionMeta`` for each session record.
+
+Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
+compiles this file a second time as ``sessionscope._listing_c``, and this
+module stays importable as it is, the twin that runs where nothing was
+compiled (``sessionscope.core.compiled_or_twin`` picks one).
+
+A whole listing builds one frozen ``SessionMeta`` per session, and that is
+the larger part of its time: the dataclass's ``__init__`` sets each field
+through ``object.__setattr__``, a Python-level call per field. The compiled
+build sets the same fields through the C function behind it,
+``PyObject_GenericSetAttr``, which makes the same object in a third less
+time; the twin calls ``object.__setattr__`` as the dataclass does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .model import SessionMeta
+
+if TYPE_CHECKING:
+    from . import _no_cython as cython
+    from .stores.base import SessionRecord
+else:
+    try:
+        import cython
+    except ImportError:  # a pure install runs without Cython
+        from . import _no_cython as cython
+
+if TYPE_CHECKING:
+    _set_field = object.__setattr__
+elif cython.compiled:
+    from cython.cimports.cpython.object import PyObject_GenericSetAttr as _set_field
+else:
+    _set_field = object.__setattr__
+
+__all__ = ["metas"]
+
+_new = object.__new__
+
+
+def metas(page: list[SessionRecord]) -> list[SessionMeta]:
+    """Return the listing metadata of each record, in the page's order."""
+    built: list[SessionMeta] = []
+    record: Any
+    for record in page:
+        meta = _new(SessionMeta)
+        _set_field(meta, "id", record.session_id)
+        _set_field(meta, "app_name", record.app_name)
+        _set_field(meta, "user_id", record.user_id)
+        _set_field(meta, "last_update_time", record.last_update_time)
+        _set_field(meta, "create_time", record.create_time)
+        _set_field(meta, "event_count", record.event_count - record.removed_count)
+        _set_field(meta, "revision", record.marker)
+        built.append(meta)
+    return built
