@@ -99,7 +99,7 @@ FORMAT_VERSION = 1
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_1"
+LIBRARY = "sessionscope_2"
 _FN = LIBRARY + "_"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Requests per FCALL in a bulk append (each chunk is one session's run).
@@ -483,8 +483,15 @@ class _Operations:
             args.extend(_request_args(request))
         return ("FCALL", _FN + "append", len(fkeys), *fkeys, *args)
 
-    def _result(self, request: AppendRequest, reply: list[Any]) -> AppendResult:
-        """Decode one request's result; raise its refusal as ``check_append`` words it."""
+    def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
+        """Decode one request's result; raise its refusal as ``check_append`` words it.
+
+        An accepted append without catch-up comes back as the session's event
+        count alone: its marker is ``around[0] + count + around[1]`` (see
+        ``_marker_parts``) and its time the one the client sent.
+        """
+        if type(reply) is int:
+            return AppendResult(around[0] + str(reply) + around[1], float(request.timestamp))
         status = reply[0]
         if status == b"dup":
             return AppendResult(None, duplicate=True)
@@ -530,12 +537,12 @@ class _Operations:
             *self._app_upkeep(request.app_name),
             *self._waits(),
         ]
-        results, pending = replies[0]
+        results, pending, *marker = replies[0]
         if self.settings.wait:
             self._check_wait(replies[-1])
         if self.cluster and pending:
             yield from self._finish_pending(request.app_name, request.user_id, pending)
-        result = self._result(request, results[0])
+        result = self._result(request, results[0], _marker_parts(marker))
         if self.cluster and result.stored_state is not None:
             (astate,) = yield [("HGETALL", self.keys.app(request.app_name)[0])]
             result.stored_state.app_state = decode_values(_pairs(astate))
@@ -564,15 +571,16 @@ class _Operations:
             stopped_at: int | None = None
             position = start
             for chunk, reply in zip(chunks, replies, strict=False):
-                results, pending = reply
+                results, pending, *marker = reply
                 if self.cluster and pending:
                     yield from self._finish_pending(chunk[0].app_name, chunk[0].user_id, pending)
+                parts = _marker_parts(marker)
                 for request, result in zip(chunk, results, strict=False):
                     try:
-                        done.append(self._result(request, result))
+                        done.append(self._result(request, result, parts))
                     except Exception as failure:  # it stops the batch; the caller raises it
                         error = failure
-                    if error is not None or result[0] == b"no":
+                    if error is not None or (type(result) is not int and result[0] == b"no"):
                         stopped_at = position
                         break
                     position += 1
@@ -828,6 +836,18 @@ class _Operations:
     def noop(self) -> Plan[None]:
         """One FCALL of a function that does nothing (a benchmark's baseline)."""
         yield [("FCALL_RO", _FN + "noop", 0)]
+
+
+def _marker_parts(reply: list[Any]) -> tuple[str, str]:
+    """Return what comes before and after the event count in a session's marker.
+
+    ``reply`` is the session number and truncated count an append call ends
+    with (empty when the call tried nothing).
+    """
+    if not reply or reply[0] is None:
+        return ("", "")
+    number, removed = reply
+    return (number.decode() + ":", f":{removed}" if removed else "")
 
 
 def _session_runs(requests: list[AppendRequest]) -> Iterable[list[AppendRequest]]:
