@@ -101,6 +101,7 @@ MAGIC = "sessionscope"
 # older server-side copy by mistake, and two versions can live side by side.
 LIBRARY = "sessionscope_2"
 _FN = LIBRARY + "_"
+_FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Requests per FCALL in a bulk append (each chunk is one session's run).
 _CHUNK = 256
@@ -217,18 +218,20 @@ def _pack_items(items: Items) -> bytes:
     return bytes(out)
 
 
-def _request_args(request: AppendRequest) -> list[Any]:
-    """Return the FCALL arguments of one append request (see redis_functions.lua)."""
-    flags = 0
-    if request.marker is not None:
-        flags |= _HAS_MARKER
-    if request.caller_last_event_id is not None:
-        flags |= _HAS_LAST_ID
-    if request.locked:
-        flags |= _LOCKED
-    if request.catch_up:
-        flags |= _CATCH_UP
-    args: list[Any] = [
+def _request_args(request: AppendRequest, args: list[Any]) -> None:
+    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua)."""
+    flags = (
+        (_HAS_MARKER if request.marker is not None else 0)
+        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
+        | (_LOCKED if request.locked else 0)
+        | (_CATCH_UP if request.catch_up else 0)
+    )
+    session_items, user_items, app_items = (
+        request.session_items,
+        request.user_items,
+        request.app_items,
+    )
+    args += (
         request.event_id,
         _number_text(request.timestamp),
         request.event,
@@ -236,15 +239,14 @@ def _request_args(request: AppendRequest) -> list[Any]:
         request.marker or "",
         _number_text(request.caller_update_time),
         request.caller_last_event_id or "",
-        len(request.session_items),
-        len(request.user_items),
-        _pack_items(request.app_items),
-    ]
-    for key, value in request.session_items:
-        args.extend((key, value))
-    for key, value in request.user_items:
-        args.extend((key, value))
-    return args
+        len(session_items),
+        len(user_items),
+        _pack_items(app_items) if app_items else b"",
+    )
+    for key, value in session_items:
+        args += (key, value)
+    for key, value in user_items:
+        args += (key, value)
 
 
 @dataclass(slots=True)
@@ -468,20 +470,27 @@ class _Operations:
         if self.settings.wait:
             self._check_wait(replies[-1])
 
+    @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, sessions recur
+    def _append_keys(self, app_name: str, user_id: str, session_id: str) -> tuple[bytes, ...]:
+        """Return the append function's keys of a session, its guard key left out."""
+        return (
+            *self.keys.session(app_name, user_id, session_id),
+            *self.keys.user(app_name, user_id),
+        )
+
     def _call(self, requests: list[AppendRequest], guard: bytes, guarded: bool) -> Command:
         """Return the FCALL appending a run of requests to one session."""
         first = requests[0]
-        app, user = first.app_name, first.user_id
-        fkeys = [
-            *self.keys.session(app, user, first.session_id),
-            *self.keys.user(app, user),
-            guard,
-            *self._app_keys(app),
-        ]
-        args: list[Any] = [first.session_id, self.settings.ttl, len(requests), int(guarded)]
+        app, sid = first.app_name, first.session_id
+        fkeys = self._append_keys(app, first.user_id, sid)
+        app_keys = self._app_keys(app)
+        args: list[Any] = [
+            "FCALL", _FN_APPEND, len(fkeys) + 1 + len(app_keys), *fkeys, guard, *app_keys,
+            sid, self.settings.ttl, len(requests), 1 if guarded else 0,
+        ]  # fmt: skip
         for request in requests:
-            args.extend(_request_args(request))
-        return ("FCALL", _FN + "append", len(fkeys), *fkeys, *args)
+            _request_args(request, args)
+        return tuple(args)
 
     def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
         """Decode one request's result; raise its refusal as ``check_append`` words it.
@@ -1017,16 +1026,33 @@ async def _close_with_loop(client: Any) -> Any:
 
 
 class _HiredisPacking:
-    """Pack commands with hiredis in C, as redis-py's sync connections do.
+    """Pack commands with hiredis in C, in one call.
 
-    redis-py's asyncio connections pack in Python, one call per argument:
-    for an append of thirty arguments that costs more than the server's work.
+    redis-py's asyncio connections pack in Python, one call per argument, and
+    its sync ones walk the arguments in Python before hiredis packs them: for
+    an append of thirty arguments (thousands in a bulk call) that costs more
+    than the server's work.
     """
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
-        return [hiredis.pack_command(args)]
+        return _pack_in_c(*args)
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        # The sync connections pack through this object, not pack_command.
+        return _CPacker()
+
+
+def _pack_in_c(*args: Any) -> list[bytes]:
+    if isinstance(args[0], str):
+        args = (*args[0].encode().split(), *args[1:])
+    return [hiredis.pack_command(args)]
+
+
+class _CPacker:
+    """The command packer of a sync connection: hiredis, in one call."""
+
+    __slots__ = ()
+    pack = staticmethod(_pack_in_c)
 
 
 def _packing_in_c(connection_class: type) -> type:
@@ -1047,6 +1073,10 @@ class _AsyncRedisStore:
     async def _runner(self) -> _AsyncRunner:
         self._store._check_open()
         loop = asyncio.get_running_loop()
+        # The usual case, without the lock: a dict read is atomic.
+        known = self._runners.get(loop)
+        if known is not None:
+            return known[0]
         with self._lock:
             found = self._runners.get(loop)
             # Clients of loops that have closed were closed with them.
@@ -1292,9 +1322,11 @@ class RedisStore:
             "protocol": 2,
         }
         if self.url is not None:
-            if not asynchronous:
-                return redis.Redis.from_url(self.url, **common)
-            client = redis.asyncio.Redis.from_url(self.url, **common)
+            client: Any = (
+                redis.asyncio.Redis.from_url(self.url, **common)
+                if asynchronous
+                else redis.Redis.from_url(self.url, **common)
+            )
             pool = client.connection_pool
             pool.connection_class = _packing_in_c(pool.connection_class)
             return client
