@@ -103,7 +103,7 @@ LIBRARY = "sessionscope_2"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
-# Requests per FCALL in a bulk append (each chunk is one session's run).
+# Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 256
 _U32 = struct.Struct(">I")
 # Called, when set, after an app delta is recorded and before it is applied
@@ -472,25 +472,26 @@ class _Operations:
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, sessions recur
     def _append_keys(self, app_name: str, user_id: str, session_id: str) -> tuple[bytes, ...]:
-        """Return the append function's keys of a session, its guard key left out."""
+        """Return the append function's keys of one session's run (see redis_functions.lua)."""
         return (
             *self.keys.session(app_name, user_id, session_id),
             *self.keys.user(app_name, user_id),
+            *self._app_keys(app_name),
         )
 
-    def _call(self, requests: list[AppendRequest], guard: bytes, guarded: bool) -> Command:
-        """Return the FCALL appending a run of requests to one session."""
-        first = requests[0]
-        app, sid = first.app_name, first.session_id
-        fkeys = self._append_keys(app, first.user_id, sid)
-        app_keys = self._app_keys(app)
-        args: list[Any] = [
-            "FCALL", _FN_APPEND, len(fkeys) + 1 + len(app_keys), *fkeys, guard, *app_keys,
-            sid, self.settings.ttl, len(requests), 1 if guarded else 0,
-        ]  # fmt: skip
-        for request in requests:
-            _request_args(request, args)
-        return tuple(args)
+    def _call(self, runs: list[list[AppendRequest]], guard: bytes, guarded: bool) -> Command:
+        """Return the FCALL appending runs of requests, each run to one session."""
+        keys: list[Any] = []
+        args: list[Any] = []
+        for run in runs:
+            first = run[0]
+            keys += self._append_keys(first.app_name, first.user_id, first.session_id)
+            args += (first.session_id, len(run))
+            for request in run:
+                _request_args(request, args)
+        return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
+                1 if guarded else 0, self.settings.ttl, len(runs), len(keys) // len(runs),
+                *args)  # fmt: skip
 
     def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
         """Decode one request's result; raise its refusal as ``check_append`` words it.
@@ -542,11 +543,12 @@ class _Operations:
     def append(self, request: AppendRequest) -> Plan[AppendResult]:
         guard = self.keys.guard(request.app_name, request.user_id, "")
         replies = yield [
-            self._call([request], guard, False),
+            self._call([[request]], guard, False),
             *self._app_upkeep(request.app_name),
             *self._waits(),
         ]
-        results, pending, *marker = replies[0]
+        ((run,), pending) = replies[0]
+        results, *marker = run
         if self.settings.wait:
             self._check_wait(replies[-1])
         if self.cluster and pending:
@@ -558,7 +560,7 @@ class _Operations:
         return result
 
     def append_many(self, requests: list[AppendRequest]) -> Plan[BatchOutcome]:
-        """Append a batch: runs of one session per FCALL, the runs of one slot pipelined.
+        """Append a batch: runs of sessions, up to ``_CHUNK`` requests per FCALL, pipelined.
 
         A refused request marks the batch's guard key, so the pipelined calls
         after it append nothing; the client then stops there.
@@ -569,30 +571,33 @@ class _Operations:
             group = self._slot_group(requests, start)
             first = requests[start]
             guard = self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
-            chunks = list(_session_runs(requests[start : start + group]))
+            calls = _calls(_session_runs(requests[start : start + group]))
             apps = {r.app_name for r in requests[start : start + group]}
             upkeep = [c for app in sorted(apps) for c in self._app_upkeep(app)]
-            replies = yield [*(self._call(chunk, guard, True) for chunk in chunks), *upkeep,
+            replies = yield [*(self._call(runs, guard, True) for runs in calls), *upkeep,
                              *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
             error: BaseException | None = None
             stopped_at: int | None = None
             position = start
-            for chunk, reply in zip(chunks, replies, strict=False):
-                results, pending, *marker = reply
+            for runs, (outcomes, pending) in zip(calls, replies, strict=False):
                 if self.cluster and pending:
-                    yield from self._finish_pending(chunk[0].app_name, chunk[0].user_id, pending)
-                parts = _marker_parts(marker)
-                for request, result in zip(chunk, results, strict=False):
-                    try:
-                        done.append(self._result(request, result, parts))
-                    except Exception as failure:  # it stops the batch; the caller raises it
-                        error = failure
-                    if error is not None or (type(result) is not int and result[0] == b"no"):
-                        stopped_at = position
+                    yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id,
+                                                    pending)  # fmt: skip
+                for run, (results, *marker) in zip(runs, outcomes, strict=False):
+                    parts = _marker_parts(marker)
+                    for request, result in zip(run, results, strict=False):
+                        try:
+                            done.append(self._result(request, result, parts))
+                        except Exception as failure:  # it stops the batch; the caller raises it
+                            error = failure
+                        if error is not None or (type(result) is not int and result[0] == b"no"):
+                            stopped_at = position
+                            break
+                        position += 1
+                    if stopped_at is not None:
                         break
-                    position += 1
                 if stopped_at is not None:
                     break
             if stopped_at is not None:
@@ -857,6 +862,19 @@ def _marker_parts(reply: list[Any]) -> tuple[str, str]:
         return ("", "")
     number, removed = reply
     return (number.decode() + ":", f":{removed}" if removed else "")
+
+
+def _calls(runs: Iterable[list[AppendRequest]]) -> list[list[list[AppendRequest]]]:
+    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here)."""
+    calls: list[list[list[AppendRequest]]] = []
+    size = _CHUNK
+    for run in runs:
+        if size + len(run) > _CHUNK:
+            calls.append([])
+            size = 0
+        calls[-1].append(run)
+        size += len(run)
+    return calls
 
 
 def _session_runs(requests: list[AppendRequest]) -> Iterable[list[AppendRequest]]:

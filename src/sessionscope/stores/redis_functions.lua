@@ -193,27 +193,23 @@ local function push_pairs(list, args, first, n)
     end
 end
 
--- KEYS: record, events, ids, times, state, positions, names, user state, index,
---       pending, counter, guard[, app state]
--- ARGV: sid, ttl, request count, guarded (1 in a batch), then per request:
---   event id, timestamp, event, flags, marker, caller time, caller last id,
---   session item count, user item count, app items blob, then the item pairs.
--- Returns {results, pending, number, removed}: one result per request tried,
--- the pending app deltas of this user (cluster mode) for the client to
--- finish, and the session's number and truncated count. An accepted append
--- without catch-up is the session's event count after it (the client builds
--- the marker from it, and the time is the one it sent); the other results
--- are tables: {'dup'}, {'no', record, stored event} or a catch-up's.
-local function append(keys, args)
+-- Appends one run of requests to one session. keys: record, events, ids,
+-- times, state, positions, names, user state, index, pending, counter,
+-- app state (nil on a cluster). The run's arguments start at args[at]: sid,
+-- request count, then per request: event id, timestamp, event, flags,
+-- marker, caller time, caller last id, session item count, user item count,
+-- app items blob, then the item pairs.
+-- Returns {results, number, removed} and whether a request was refused:
+-- one result per request tried, and the session's number and truncated
+-- count. An accepted append without catch-up is the session's event count
+-- after it (the client builds the marker from it, and the time is the one it
+-- sent); the other results are tables: {'dup'}, {'no', record, stored
+-- event} or a catch-up's.
+local function append_run(keys, args, at, ttl)
     local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
-    local ust_key, idx_key, pend_key = keys[8], keys[9], keys[10]
-    local guard_key, app_key = keys[12], keys[13]
-    local total, guarded = tonumber(args[3]), args[4] == '1'
+    local ust_key, idx_key, pend_key, app_key = keys[8], keys[9], keys[10], keys[12]
+    local sid, total = args[at], tonumber(args[at + 1])
     local results = {}
-    if guarded and redis.call('EXISTS', guard_key) == 1 then
-        -- An earlier part of this batch failed: nothing after it is tried.
-        return {results, {}}
-    end
     local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
     local number, updated, count, last = head[1], head[2], tonumber(head[3]), head[4]
     local removed = tonumber(head[5] or '0')
@@ -223,7 +219,7 @@ local function append(keys, args)
     -- the seq and bytes of the ids this call appends.
     local stored_seq, new_seq, new_event = {}, {}, {}
     if number then
-        local ids, p = {}, 5
+        local ids, p = {}, at + 2
         for i = 1, total do
             ids[i] = args[p]
             p = p + 10 + 2 * (tonumber(args[p + 7]) + tonumber(args[p + 8]))
@@ -237,12 +233,13 @@ local function append(keys, args)
             end
         end
     end
-    local pos = 5
+    local pos = at + 2
+    local refused = false
     for _ = 1, total do
         local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
         local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
         local items = pos + 10
-        local at = pos
+        local base = pos
         pos = items + 2 * (n_session + n_user)
         local refusal = nil
         if not number then
@@ -264,14 +261,14 @@ local function append(keys, args)
                 end
             elseif bit.band(flags, LOCKED) == 0 then
                 if bit.band(flags, HAS_MARKER) ~= 0 then
-                    if args[at + 4] ~= marker_of(number, count, removed) then
+                    if args[base + 4] ~= marker_of(number, count, removed) then
                         refusal = {'no', false, false}
                     end
                 else
                     -- A copy built by hand: stale only if the store is newer
                     -- and its last event is not the copy's last event.
-                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[at + 6] or false
-                    if tonumber(updated) > tonumber(args[at + 5]) and last ~= caller then
+                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[base + 6] or false
+                    if tonumber(updated) > tonumber(args[base + 5]) and last ~= caller then
                         refusal = {'no', false, false}
                     end
                 end
@@ -282,7 +279,7 @@ local function append(keys, args)
                 if catch_up then
                     flush_writes(w, keys)
                     w = new_writes()
-                    known = events_seen(flags, args[at + 4], args[at + 6], number, ids_key)
+                    known = events_seen(flags, args[base + 4], args[base + 6], number, ids_key)
                 end
                 local before = count
                 push_pairs(w.st, args, items, n_session)
@@ -331,24 +328,60 @@ local function append(keys, args)
                 refusal[2] = rec
             end
             results[#results + 1] = refusal
-            if guarded then
-                redis.call('SET', guard_key, '1', 'EX', 60)
-            end
+            refused = true
             break
         end
     end
     flush_writes(w, keys)
     if wrote then
         redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
-        redis.call('ZADD', idx_key, updated, args[1])
-        expire_all(tonumber(args[2]), {rec_key, ev_key, ids_key, keys[4], st_key, pos_key,
-            keys[7], ust_key, idx_key, pend_key, keys[11]})
+        redis.call('ZADD', idx_key, updated, sid)
+        expire_all(ttl, {rec_key, ev_key, ids_key, keys[4], st_key, pos_key, keys[7], ust_key,
+            idx_key, pend_key, keys[11]})
+    end
+    return {results, number or false, removed}, refused, pos
+end
+
+-- KEYS: the batch's guard, then per run: record, events, ids, times, state,
+--       positions, names, user state, index, pending, counter[, app state]
+-- ARGV: guarded (1 in a batch), ttl, run count, keys per run, then per run
+--   its arguments (see append_run).
+-- Runs of several sessions in one call: a bulk append that interleaves
+-- sessions pays one call, not one per run. Every run's keys share a slot on
+-- a cluster (one user's runs). Returns {runs, pending}: the result of each
+-- run tried (a refusal ends the call, and in a batch marks its guard so that
+-- the calls after it append nothing), and the pending app deltas of the last
+-- run's user (cluster mode) for the client to finish.
+local function append(keys, args)
+    local guard_key, guarded, ttl = keys[1], args[1] == '1', tonumber(args[2])
+    local runs, per_run = tonumber(args[3]), tonumber(args[4])
+    local out = {}
+    if guarded and redis.call('EXISTS', guard_key) == 1 then
+        -- An earlier part of this batch failed: nothing after it is tried.
+        return {out, {}}
+    end
+    local at, run_keys = 5, nil
+    for r = 1, runs do
+        local k = 1 + (r - 1) * per_run
+        run_keys = {keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4], keys[k + 5], keys[k + 6],
+            keys[k + 7], keys[k + 8], keys[k + 9], keys[k + 10], keys[k + 11]}
+        if per_run > 11 then
+            run_keys[12] = keys[k + 12]
+        end
+        local result, refused, next_at = append_run(run_keys, args, at, ttl)
+        out[r], at = result, next_at
+        if refused then
+            if guarded then
+                redis.call('SET', guard_key, '1', 'EX', 60)
+            end
+            break
+        end
     end
     local pending = {}
-    if not app_key then
-        pending = pending_of(pend_key)
+    if not run_keys[12] then
+        pending = pending_of(run_keys[10])
     end
-    return {results, pending, number or false, removed}
+    return {out, pending}
 end
 
 -- A new session number: microseconds of server time, above every number
