@@ -186,6 +186,41 @@ local function flush_writes(w, keys)
     put('HSET', keys[8], w.ust)
 end
 
+-- Listing index entries an append call touches, written by one ZADD per
+-- index at the call's end (the latest time of each session).
+local function new_index()
+    return {keys = {}, scores = {}, order = {}}
+end
+
+local function note_index(index, key, score, member)
+    local scores = index.scores[key]
+    if not scores then
+        scores = {}
+        index.scores[key] = scores
+        index.keys[#index.keys + 1] = key
+        index.order[key] = {}
+    end
+    if not scores[member] then
+        local order = index.order[key]
+        order[#order + 1] = member
+    end
+    scores[member] = score
+end
+
+local function flush_index(index, ttl)
+    for _, key in ipairs(index.keys) do
+        local scores, list = index.scores[key], {}
+        for _, member in ipairs(index.order[key]) do
+            list[#list + 1] = scores[member]
+            list[#list + 1] = member
+        end
+        put('ZADD', key, list)
+        if ttl > 0 then
+            redis.call('EXPIRE', key, ttl)
+        end
+    end
+end
+
 local function push_pairs(list, args, first, n)
     local len = #list
     for i = 0, 2 * n - 1 do
@@ -205,7 +240,7 @@ end
 -- after it (the client builds the marker from it, and the time is the one it
 -- sent); the other results are tables: {'dup'}, {'no', record, stored
 -- event} or a catch-up's.
-local function append_run(keys, args, at, ttl)
+local function append_run(keys, args, at, ttl, index)
     local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
     local ust_key, idx_key, pend_key, app_key = keys[8], keys[9], keys[10], keys[12]
     local sid, total = args[at], tonumber(args[at + 1])
@@ -335,9 +370,9 @@ local function append_run(keys, args, at, ttl)
     flush_writes(w, keys)
     if wrote then
         redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
-        redis.call('ZADD', idx_key, updated, sid)
+        note_index(index, idx_key, updated, sid)
         expire_all(ttl, {rec_key, ev_key, ids_key, keys[4], st_key, pos_key, keys[7], ust_key,
-            idx_key, pend_key, keys[11]})
+            pend_key, keys[11]})
     end
     return {results, number or false, removed}, refused, pos
 end
@@ -361,6 +396,7 @@ local function append(keys, args)
         return {out, {}}
     end
     local at, run_keys = 5, nil
+    local index = new_index()
     for r = 1, runs do
         local k = 1 + (r - 1) * per_run
         run_keys = {keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4], keys[k + 5], keys[k + 6],
@@ -368,7 +404,7 @@ local function append(keys, args)
         if per_run > 11 then
             run_keys[12] = keys[k + 12]
         end
-        local result, refused, next_at = append_run(run_keys, args, at, ttl)
+        local result, refused, next_at = append_run(run_keys, args, at, ttl, index)
         out[r], at = result, next_at
         if refused then
             if guarded then
@@ -377,6 +413,7 @@ local function append(keys, args)
             break
         end
     end
+    flush_index(index, ttl)
     local pending = {}
     if not run_keys[12] then
         pending = pending_of(run_keys[10])
