@@ -20,7 +20,7 @@ import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
 from sessionscope import GetSessionConfig, SessionService, SyncSessionService
-from sessionscope.errors import IncompatibleStoreError, StoreError
+from sessionscope.errors import IncompatibleStoreError, SessionNotFoundError, StoreError
 from sessionscope.stores import open_store
 from sessionscope.stores.base import AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
@@ -341,6 +341,49 @@ def test_a_retried_append_is_a_no_op(uri: str) -> None:
         assert again.revision == stored.revision
     finally:
         store.close()
+
+
+def append_calls(server: Any) -> int:
+    """Return how many append FCALLs the server (every node) has run since its start."""
+    nodes = server.servers if isinstance(server, RedisCluster) else [server]
+    total = 0
+    for node in nodes:
+        client = redis.Redis(port=node.port)
+        try:
+            total += int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+        finally:
+            client.close()
+    return total
+
+
+def test_a_batch_interleaving_sessions_takes_few_calls_and_stops_at_a_refusal(
+    server: Any, uri: str
+) -> None:
+    """Runs of several sessions share a call; a refusal inside one stops the rest."""
+    with SyncSessionService(uri) as svc:
+        sessions = [svc.create_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+                    for i in range(3)]  # fmt: skip
+        batch = [(sessions[i % 3], ev(delta={"n": i})) for i in range(300)]
+        before = append_calls(server)
+        svc.append_many(batch)
+        calls = append_calls(server) - before
+        for i, live in enumerate(sessions):
+            stored = svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+            assert stored is not None and len(stored.events) == 100
+            assert event_ids(stored) == [e.id for s, e in batch if s is live]
+            assert stored.state == {"n": 297 + i} and stored.revision == live.revision
+        # 300 runs of one event each, up to 256 requests per call.
+        assert calls == 2
+        ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
+        svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+        first, second, after = ev(delta={"n": -1}), ev(delta={"n": -2}), ev(delta={"n": -3})
+        with pytest.raises(SessionNotFoundError):
+            svc.append_many([(sessions[0], first), (sessions[1], second), (ghost, ev()),
+                             (sessions[2], after), *batch[:3]])  # fmt: skip
+        got = [svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(3)]
+        assert all(g is not None for g in got)
+        assert [len(g.events) for g in got if g is not None] == [101, 101, 100]
+        assert [g.state["n"] for g in got if g is not None] == [-1, -2, 299]
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:

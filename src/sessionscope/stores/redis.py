@@ -99,10 +99,11 @@ FORMAT_VERSION = 1
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_1"
+LIBRARY = "sessionscope_2"
 _FN = LIBRARY + "_"
+_FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
-# Requests per FCALL in a bulk append (each chunk is one session's run).
+# Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 256
 _U32 = struct.Struct(">I")
 # Called, when set, after an app delta is recorded and before it is applied
@@ -217,18 +218,20 @@ def _pack_items(items: Items) -> bytes:
     return bytes(out)
 
 
-def _request_args(request: AppendRequest) -> list[Any]:
-    """Return the FCALL arguments of one append request (see redis_functions.lua)."""
-    flags = 0
-    if request.marker is not None:
-        flags |= _HAS_MARKER
-    if request.caller_last_event_id is not None:
-        flags |= _HAS_LAST_ID
-    if request.locked:
-        flags |= _LOCKED
-    if request.catch_up:
-        flags |= _CATCH_UP
-    args: list[Any] = [
+def _request_args(request: AppendRequest, args: list[Any]) -> None:
+    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua)."""
+    flags = (
+        (_HAS_MARKER if request.marker is not None else 0)
+        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
+        | (_LOCKED if request.locked else 0)
+        | (_CATCH_UP if request.catch_up else 0)
+    )
+    session_items, user_items, app_items = (
+        request.session_items,
+        request.user_items,
+        request.app_items,
+    )
+    args += (
         request.event_id,
         _number_text(request.timestamp),
         request.event,
@@ -236,15 +239,14 @@ def _request_args(request: AppendRequest) -> list[Any]:
         request.marker or "",
         _number_text(request.caller_update_time),
         request.caller_last_event_id or "",
-        len(request.session_items),
-        len(request.user_items),
-        _pack_items(request.app_items),
-    ]
-    for key, value in request.session_items:
-        args.extend((key, value))
-    for key, value in request.user_items:
-        args.extend((key, value))
-    return args
+        len(session_items),
+        len(user_items),
+        _pack_items(app_items) if app_items else b"",
+    )
+    for key, value in session_items:
+        args += (key, value)
+    for key, value in user_items:
+        args += (key, value)
 
 
 @dataclass(slots=True)
@@ -468,23 +470,38 @@ class _Operations:
         if self.settings.wait:
             self._check_wait(replies[-1])
 
-    def _call(self, requests: list[AppendRequest], guard: bytes, guarded: bool) -> Command:
-        """Return the FCALL appending a run of requests to one session."""
-        first = requests[0]
-        app, user = first.app_name, first.user_id
-        fkeys = [
-            *self.keys.session(app, user, first.session_id),
-            *self.keys.user(app, user),
-            guard,
-            *self._app_keys(app),
-        ]
-        args: list[Any] = [first.session_id, self.settings.ttl, len(requests), int(guarded)]
-        for request in requests:
-            args.extend(_request_args(request))
-        return ("FCALL", _FN + "append", len(fkeys), *fkeys, *args)
+    @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, sessions recur
+    def _append_keys(self, app_name: str, user_id: str, session_id: str) -> tuple[bytes, ...]:
+        """Return the append function's keys of one session's run (see redis_functions.lua)."""
+        return (
+            *self.keys.session(app_name, user_id, session_id),
+            *self.keys.user(app_name, user_id),
+            *self._app_keys(app_name),
+        )
 
-    def _result(self, request: AppendRequest, reply: list[Any]) -> AppendResult:
-        """Decode one request's result; raise its refusal as ``check_append`` words it."""
+    def _call(self, runs: list[list[AppendRequest]], guard: bytes, guarded: bool) -> Command:
+        """Return the FCALL appending runs of requests, each run to one session."""
+        keys: list[Any] = []
+        args: list[Any] = []
+        for run in runs:
+            first = run[0]
+            keys += self._append_keys(first.app_name, first.user_id, first.session_id)
+            args += (first.session_id, len(run))
+            for request in run:
+                _request_args(request, args)
+        return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
+                1 if guarded else 0, self.settings.ttl, len(runs), len(keys) // len(runs),
+                *args)  # fmt: skip
+
+    def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
+        """Decode one request's result; raise its refusal as ``check_append`` words it.
+
+        An accepted append without catch-up comes back as the session's event
+        count alone: its marker is ``around[0] + count + around[1]`` (see
+        ``_marker_parts``) and its time the one the client sent.
+        """
+        if type(reply) is int:
+            return AppendResult(around[0] + str(reply) + around[1], float(request.timestamp))
         status = reply[0]
         if status == b"dup":
             return AppendResult(None, duplicate=True)
@@ -526,23 +543,24 @@ class _Operations:
     def append(self, request: AppendRequest) -> Plan[AppendResult]:
         guard = self.keys.guard(request.app_name, request.user_id, "")
         replies = yield [
-            self._call([request], guard, False),
+            self._call([[request]], guard, False),
             *self._app_upkeep(request.app_name),
             *self._waits(),
         ]
-        results, pending = replies[0]
+        ((run,), pending) = replies[0]
+        results, *marker = run
         if self.settings.wait:
             self._check_wait(replies[-1])
         if self.cluster and pending:
             yield from self._finish_pending(request.app_name, request.user_id, pending)
-        result = self._result(request, results[0])
+        result = self._result(request, results[0], _marker_parts(marker))
         if self.cluster and result.stored_state is not None:
             (astate,) = yield [("HGETALL", self.keys.app(request.app_name)[0])]
             result.stored_state.app_state = decode_values(_pairs(astate))
         return result
 
     def append_many(self, requests: list[AppendRequest]) -> Plan[BatchOutcome]:
-        """Append a batch: runs of one session per FCALL, the runs of one slot pipelined.
+        """Append a batch: runs of sessions, up to ``_CHUNK`` requests per FCALL, pipelined.
 
         A refused request marks the batch's guard key, so the pipelined calls
         after it append nothing; the client then stops there.
@@ -553,29 +571,33 @@ class _Operations:
             group = self._slot_group(requests, start)
             first = requests[start]
             guard = self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
-            chunks = list(_session_runs(requests[start : start + group]))
+            calls = _calls(_session_runs(requests[start : start + group]))
             apps = {r.app_name for r in requests[start : start + group]}
             upkeep = [c for app in sorted(apps) for c in self._app_upkeep(app)]
-            replies = yield [*(self._call(chunk, guard, True) for chunk in chunks), *upkeep,
+            replies = yield [*(self._call(runs, guard, True) for runs in calls), *upkeep,
                              *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
             error: BaseException | None = None
             stopped_at: int | None = None
             position = start
-            for chunk, reply in zip(chunks, replies, strict=False):
-                results, pending = reply
+            for runs, (outcomes, pending) in zip(calls, replies, strict=False):
                 if self.cluster and pending:
-                    yield from self._finish_pending(chunk[0].app_name, chunk[0].user_id, pending)
-                for request, result in zip(chunk, results, strict=False):
-                    try:
-                        done.append(self._result(request, result))
-                    except Exception as failure:  # it stops the batch; the caller raises it
-                        error = failure
-                    if error is not None or result[0] == b"no":
-                        stopped_at = position
+                    yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id,
+                                                    pending)  # fmt: skip
+                for run, (results, *marker) in zip(runs, outcomes, strict=False):
+                    parts = _marker_parts(marker)
+                    for request, result in zip(run, results, strict=False):
+                        try:
+                            done.append(self._result(request, result, parts))
+                        except Exception as failure:  # it stops the batch; the caller raises it
+                            error = failure
+                        if error is not None or (type(result) is not int and result[0] == b"no"):
+                            stopped_at = position
+                            break
+                        position += 1
+                    if stopped_at is not None:
                         break
-                    position += 1
                 if stopped_at is not None:
                     break
             if stopped_at is not None:
@@ -830,6 +852,31 @@ class _Operations:
         yield [("FCALL_RO", _FN + "noop", 0)]
 
 
+def _marker_parts(reply: list[Any]) -> tuple[str, str]:
+    """Return what comes before and after the event count in a session's marker.
+
+    ``reply`` is the session number and truncated count an append call ends
+    with (empty when the call tried nothing).
+    """
+    if not reply or reply[0] is None:
+        return ("", "")
+    number, removed = reply
+    return (number.decode() + ":", f":{removed}" if removed else "")
+
+
+def _calls(runs: Iterable[list[AppendRequest]]) -> list[list[list[AppendRequest]]]:
+    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here)."""
+    calls: list[list[list[AppendRequest]]] = []
+    size = _CHUNK
+    for run in runs:
+        if size + len(run) > _CHUNK:
+            calls.append([])
+            size = 0
+        calls[-1].append(run)
+        size += len(run)
+    return calls
+
+
 def _session_runs(requests: list[AppendRequest]) -> Iterable[list[AppendRequest]]:
     """Split requests into runs of one session, at most ``_CHUNK`` long."""
     run: list[AppendRequest] = []
@@ -997,16 +1044,33 @@ async def _close_with_loop(client: Any) -> Any:
 
 
 class _HiredisPacking:
-    """Pack commands with hiredis in C, as redis-py's sync connections do.
+    """Pack commands with hiredis in C, in one call.
 
-    redis-py's asyncio connections pack in Python, one call per argument:
-    for an append of thirty arguments that costs more than the server's work.
+    redis-py's asyncio connections pack in Python, one call per argument, and
+    its sync ones walk the arguments in Python before hiredis packs them: for
+    an append of thirty arguments (thousands in a bulk call) that costs more
+    than the server's work.
     """
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
-        return [hiredis.pack_command(args)]
+        return _pack_in_c(*args)
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        # The sync connections pack through this object, not pack_command.
+        return _CPacker()
+
+
+def _pack_in_c(*args: Any) -> list[bytes]:
+    if isinstance(args[0], str):
+        args = (*args[0].encode().split(), *args[1:])
+    return [hiredis.pack_command(args)]
+
+
+class _CPacker:
+    """The command packer of a sync connection: hiredis, in one call."""
+
+    __slots__ = ()
+    pack = staticmethod(_pack_in_c)
 
 
 def _packing_in_c(connection_class: type) -> type:
@@ -1027,6 +1091,10 @@ class _AsyncRedisStore:
     async def _runner(self) -> _AsyncRunner:
         self._store._check_open()
         loop = asyncio.get_running_loop()
+        # The usual case, without the lock: a dict read is atomic.
+        known = self._runners.get(loop)
+        if known is not None:
+            return known[0]
         with self._lock:
             found = self._runners.get(loop)
             # Clients of loops that have closed were closed with them.
@@ -1272,9 +1340,11 @@ class RedisStore:
             "protocol": 2,
         }
         if self.url is not None:
-            if not asynchronous:
-                return redis.Redis.from_url(self.url, **common)
-            client = redis.asyncio.Redis.from_url(self.url, **common)
+            client: Any = (
+                redis.asyncio.Redis.from_url(self.url, **common)
+                if asynchronous
+                else redis.Redis.from_url(self.url, **common)
+            )
             pool = client.connection_pool
             pool.connection_class = _packing_in_c(pool.connection_class)
             return client

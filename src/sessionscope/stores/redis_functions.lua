@@ -1,5 +1,5 @@
-#!lua name=sessionscope_1
--- The server side of sessionscope's Redis store (library format 1).
+#!lua name=sessionscope_2
+-- The server side of sessionscope's Redis store (library format 2).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -164,92 +164,125 @@ local function events_seen(flags, marker, last_id, number, ids_key)
     return tonumber(seq) + 1
 end
 
--- KEYS: record, events, ids, times, state, positions, names, user state, index,
---       pending, counter, guard[, app state]
--- ARGV: sid, ttl, request count, guarded (1 in a batch), then per request:
---   event id, timestamp, event, flags, marker, caller time, caller last id,
---   session item count, user item count, app items blob, then the item pairs.
--- Returns {results, pending}: one result per request tried, and the pending
--- app deltas of this user (cluster mode) for the client to finish.
-local function append(keys, args)
-    local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
-    local pos_key, names_key = keys[6], keys[7]
-    local ust_key, idx_key, pend_key, counter_key = keys[8], keys[9], keys[10], keys[11]
-    local guard_key, app_key = keys[12], keys[13]
-    local sid, ttl, total, guarded = args[1], tonumber(args[2]), tonumber(args[3]), args[4] == '1'
+-- An append's writes, gathered per key and issued together (one HSET or
+-- ZADD per key) when the call ends or before anything reads them back.
+local function new_writes()
+    return {ev = {}, ids = {}, tm = {}, names = {}, pos = {}, st = {}, ust = {}}
+end
+
+local function put(command, key, list)
+    for i = 1, #list, 2 * CHUNK do
+        redis.call(command, key, unpack(list, i, math.min(#list, i + 2 * CHUNK - 1)))
+    end
+end
+
+local function flush_writes(w, keys)
+    put('HSET', keys[2], w.ev)
+    put('HSET', keys[3], w.ids)
+    put('ZADD', keys[4], w.tm)
+    put('HSET', keys[5], w.st)
+    put('HSET', keys[7], w.names)
+    put('ZADD', keys[6], w.pos)
+    put('HSET', keys[8], w.ust)
+end
+
+-- Listing index entries an append call touches, written by one ZADD per
+-- index at the call's end (the latest time of each session).
+local function new_index()
+    return {keys = {}, scores = {}, order = {}}
+end
+
+local function note_index(index, key, score, member)
+    local scores = index.scores[key]
+    if not scores then
+        scores = {}
+        index.scores[key] = scores
+        index.keys[#index.keys + 1] = key
+        index.order[key] = {}
+    end
+    if not scores[member] then
+        local order = index.order[key]
+        order[#order + 1] = member
+    end
+    scores[member] = score
+end
+
+local function flush_index(index, ttl)
+    for _, key in ipairs(index.keys) do
+        local scores, list = index.scores[key], {}
+        for _, member in ipairs(index.order[key]) do
+            list[#list + 1] = scores[member]
+            list[#list + 1] = member
+        end
+        put('ZADD', key, list)
+        if ttl > 0 then
+            redis.call('EXPIRE', key, ttl)
+        end
+    end
+end
+
+local function push_pairs(list, args, first, n)
+    local len = #list
+    for i = 0, 2 * n - 1 do
+        list[len + 1 + i] = args[first + i]
+    end
+end
+
+-- Appends one run of requests to one session. keys: record, events, ids,
+-- times, state, positions, names, user state, index, pending, counter,
+-- app state (nil on a cluster). The run's arguments start at args[at]: sid,
+-- request count, then per request: event id, timestamp, event, flags,
+-- marker, caller time, caller last id, session item count, user item count,
+-- app items blob, then the item pairs.
+-- Returns {results, number, removed} and whether a request was refused:
+-- one result per request tried, and the session's number and truncated
+-- count. An accepted append without catch-up is the session's event count
+-- after it (the client builds the marker from it, and the time is the one it
+-- sent); the other results are tables: {'dup'}, {'no', record, stored
+-- event} or a catch-up's.
+local function append_run(keys, args, at, ttl, index)
+    local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
+    local ust_key, idx_key, pend_key, app_key = keys[8], keys[9], keys[10], keys[12]
+    local sid, total = args[at], tonumber(args[at + 1])
     local results = {}
-    if guarded and redis.call('EXISTS', guard_key) == 1 then
-        -- An earlier part of this batch failed: nothing after it is tried.
-        return {results, {}}
-    end
-    local rec = read_record(rec_key)
-    local number, count, updated, last, removed = nil, 0, nil, nil, 0
-    if rec then
-        number, updated, count, last = rec[4], rec[6], tonumber(rec[7]), rec[8]
-        removed = tonumber(rec[9] or '0')
-    end
+    local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
+    local number, updated, count, last = head[1], head[2], tonumber(head[3]), head[4]
+    local removed = tonumber(head[5] or '0')
+    local w = new_writes()
     local wrote = false
-    -- Writes of this call, issued together (one HSET or ZADD per key) when
-    -- the call ends or before anything reads them back.
-    local buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}, names = {}, pos = {}}
-    local seq_of = {}
-    local function flush()
-        local function put(command, key, list)
-            for i = 1, #list, 2 * CHUNK do
-                redis.call(command, key, unpack(list, i, math.min(#list, i + 2 * CHUNK - 1)))
-            end
-        end
-        put('HSET', ev_key, buf.ev)
-        put('HSET', ids_key, buf.ids)
-        put('ZADD', tm_key, buf.tm)
-        put('HSET', st_key, buf.st)
-        put('HSET', ust_key, buf.ust)
-        put('HSET', names_key, buf.names)
-        put('ZADD', pos_key, buf.pos)
-        buf = {ev = {}, ids = {}, tm = {}, st = {}, ust = {}, names = {}, pos = {}}
-    end
-    local function push_pairs(list, first, n)
-        for i = first, first + 2 * n - 1 do
-            list[#list + 1] = args[i]
-        end
-    end
-    -- The stored seq of every event id of this call, read in one HMGET.
-    local stored_seq = {}
-    if rec then
-        local ids, p = {}, 5
+    -- The stored seq of every event id of this call, read in one HMGET, and
+    -- the seq and bytes of the ids this call appends.
+    local stored_seq, new_seq, new_event = {}, {}, {}
+    if number then
+        local ids, p = {}, at + 2
         for i = 1, total do
             ids[i] = args[p]
             p = p + 10 + 2 * (tonumber(args[p + 7]) + tonumber(args[p + 8]))
         end
-        local found = {}
-        for i = 1, #ids, CHUNK do
-            local part = redis.call('HMGET', ids_key, unpack(ids, i, math.min(#ids, i + CHUNK - 1)))
+        for i = 1, total, CHUNK do
+            local part = redis.call('HMGET', ids_key, unpack(ids, i, math.min(total, i + CHUNK - 1)))
             for j = 1, #part do
-                found[i + j - 1] = part[j]
-            end
-        end
-        for i = 1, total do
-            if found[i] then
-                stored_seq[ids[i]] = found[i]
+                if part[j] then
+                    stored_seq[ids[i + j - 1]] = part[j]
+                end
             end
         end
     end
-    local pos = 5
+    local pos = at + 2
+    local refused = false
     for _ = 1, total do
         local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
-        local marker, caller_time, caller_last = args[pos + 4], args[pos + 5], args[pos + 6]
         local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
         local items = pos + 10
+        local base = pos
         pos = items + 2 * (n_session + n_user)
         local refusal = nil
-        if not rec then
+        if not number then
             refusal = {'no', false, false}
         else
-            local seq = seq_of[event_id]
-            local stored = nil
-            if seq then
-                stored = seq[2]
-            else
+            local stored = new_event[event_id]
+            local seq = new_seq[event_id]
+            if not seq then
                 seq = stored_seq[event_id]
                 if seq then
                     stored = redis.call('HGET', ev_key, seq)
@@ -263,14 +296,14 @@ local function append(keys, args)
                 end
             elseif bit.band(flags, LOCKED) == 0 then
                 if bit.band(flags, HAS_MARKER) ~= 0 then
-                    if marker ~= marker_of(number, count, removed) then
+                    if args[base + 4] ~= marker_of(number, count, removed) then
                         refusal = {'no', false, false}
                     end
                 else
                     -- A copy built by hand: stale only if the store is newer
                     -- and its last event is not the copy's last event.
-                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and caller_last or false
-                    if tonumber(updated) > tonumber(caller_time) and last ~= caller then
+                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[base + 6] or false
+                    if tonumber(updated) > tonumber(args[base + 5]) and last ~= caller then
                         refusal = {'no', false, false}
                     end
                 end
@@ -279,12 +312,13 @@ local function append(keys, args)
                 local known = nil
                 local catch_up = bit.band(flags, CATCH_UP) ~= 0
                 if catch_up then
-                    flush()
-                    known = events_seen(flags, marker, caller_last, number, ids_key)
+                    flush_writes(w, keys)
+                    w = new_writes()
+                    known = events_seen(flags, args[base + 4], args[base + 6], number, ids_key)
                 end
                 local before = count
-                push_pairs(buf.st, items, n_session)
-                push_pairs(buf.ust, items + 2 * n_session, n_user)
+                push_pairs(w.st, args, items, n_session)
+                push_pairs(w.ust, args, items + 2 * n_session, n_user)
                 if app_blob ~= '' then
                     if app_key then
                         hset_blob(app_key, app_blob)
@@ -293,60 +327,98 @@ local function append(keys, args)
                     end
                 end
                 local field = tostring(count)
-                local ev, ids, tm = buf.ev, buf.ids, buf.tm
-                ev[#ev + 1], ev[#ev + 2] = field, event
-                ids[#ids + 1], ids[#ids + 2] = event_id, field
-                tm[#tm + 1], tm[#tm + 2] = ts, field
-                local names = buf.names
-                names[#names + 1], names[#names + 2] = field, event_id
+                local ev, ids, tm, names = w.ev, w.ids, w.tm, w.names
+                local n = #ev
+                ev[n + 1], ev[n + 2] = field, event
+                ids[n + 1], ids[n + 2] = event_id, field
+                tm[n + 1], tm[n + 2] = ts, field
+                names[n + 1], names[n + 2] = field, event_id
                 if removed > 0 then
-                    local pos = buf.pos
-                    pos[#pos + 1], pos[#pos + 2] = field, field
+                    local p = w.pos
+                    p[#p + 1], p[#p + 2] = field, field
                 end
-                seq_of[event_id] = {field, event}
+                new_seq[event_id], new_event[event_id] = field, event
                 count, updated, last, wrote = count + 1, ts, event_id, true
-                local result = {'ok', marker_of(number, count, removed), count, ts}
                 if catch_up then
-                    flush()
+                    flush_writes(w, keys)
+                    w = new_writes()
                     local replace = 0
                     if known == nil then
                         known, replace = 0, 1
                     end
-                    result[5] = replace
-                    result[6] = events_of(ev_key, positions(pos_key, removed, known, before - 1))
-                    result[7] = redis.call('HGETALL', st_key)
-                    result[8] = redis.call('HGETALL', ust_key)
-                    result[9] = app_key and redis.call('HGETALL', app_key) or false
-                    result[10] = rec[5]
-                    result[11] = known
+                    results[#results + 1] = {'ok', marker_of(number, count, removed), count, ts,
+                        replace, events_of(ev_key, positions(pos_key, removed, known, before - 1)),
+                        redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
+                        app_key and redis.call('HGETALL', app_key) or false,
+                        redis.call('HGET', rec_key, 'c'), known}
+                else
+                    results[#results + 1] = count
                 end
-                results[#results + 1] = result
             end
         end
         if refusal then
-            if rec then
+            if number then
+                local rec = read_record(rec_key)
                 rec[6], rec[7], rec[8], rec[9] = updated, tostring(count), last, tostring(removed)
                 refusal[2] = rec
             end
             results[#results + 1] = refusal
+            refused = true
+            break
+        end
+    end
+    flush_writes(w, keys)
+    if wrote then
+        redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
+        note_index(index, idx_key, updated, sid)
+        expire_all(ttl, {rec_key, ev_key, ids_key, keys[4], st_key, pos_key, keys[7], ust_key,
+            pend_key, keys[11]})
+    end
+    return {results, number or false, removed}, refused, pos
+end
+
+-- KEYS: the batch's guard, then per run: record, events, ids, times, state,
+--       positions, names, user state, index, pending, counter[, app state]
+-- ARGV: guarded (1 in a batch), ttl, run count, keys per run, then per run
+--   its arguments (see append_run).
+-- Runs of several sessions in one call: a bulk append that interleaves
+-- sessions pays one call, not one per run. Every run's keys share a slot on
+-- a cluster (one user's runs). Returns {runs, pending}: the result of each
+-- run tried (a refusal ends the call, and in a batch marks its guard so that
+-- the calls after it append nothing), and the pending app deltas of the last
+-- run's user (cluster mode) for the client to finish.
+local function append(keys, args)
+    local guard_key, guarded, ttl = keys[1], args[1] == '1', tonumber(args[2])
+    local runs, per_run = tonumber(args[3]), tonumber(args[4])
+    local out = {}
+    if guarded and redis.call('EXISTS', guard_key) == 1 then
+        -- An earlier part of this batch failed: nothing after it is tried.
+        return {out, {}}
+    end
+    local at, run_keys = 5, nil
+    local index = new_index()
+    for r = 1, runs do
+        local k = 1 + (r - 1) * per_run
+        run_keys = {keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4], keys[k + 5], keys[k + 6],
+            keys[k + 7], keys[k + 8], keys[k + 9], keys[k + 10], keys[k + 11]}
+        if per_run > 11 then
+            run_keys[12] = keys[k + 12]
+        end
+        local result, refused, next_at = append_run(run_keys, args, at, ttl, index)
+        out[r], at = result, next_at
+        if refused then
             if guarded then
                 redis.call('SET', guard_key, '1', 'EX', 60)
             end
             break
         end
     end
-    flush()
-    if wrote then
-        redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
-        redis.call('ZADD', idx_key, updated, sid)
-        expire_all(ttl, {rec_key, ev_key, ids_key, tm_key, st_key, pos_key, names_key, ust_key,
-            idx_key, pend_key, counter_key})
-    end
+    flush_index(index, ttl)
     local pending = {}
-    if not app_key then
-        pending = pending_of(pend_key)
+    if not run_keys[12] then
+        pending = pending_of(run_keys[10])
     end
-    return {results, pending}
+    return {out, pending}
 end
 
 -- A new session number: microseconds of server time, above every number
@@ -593,13 +665,13 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_1_append', append)
-redis.register_function('sessionscope_1_create', create)
-redis.register_function{function_name = 'sessionscope_1_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_1_delete', delete)
-redis.register_function('sessionscope_1_truncate', truncate)
-redis.register_function('sessionscope_1_restore', restore)
-redis.register_function('sessionscope_1_apply', apply)
-redis.register_function('sessionscope_1_clear', clear)
-redis.register_function('sessionscope_1_prune', prune)
-redis.register_function{function_name = 'sessionscope_1_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_2_append', append)
+redis.register_function('sessionscope_2_create', create)
+redis.register_function{function_name = 'sessionscope_2_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_2_delete', delete)
+redis.register_function('sessionscope_2_truncate', truncate)
+redis.register_function('sessionscope_2_restore', restore)
+redis.register_function('sessionscope_2_apply', apply)
+redis.register_function('sessionscope_2_clear', clear)
+redis.register_function('sessionscope_2_prune', prune)
+redis.register_function{function_name = 'sessionscope_2_noop', callback = noop, flags = {'no-writes'}}
