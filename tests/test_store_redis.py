@@ -517,6 +517,9 @@ def test_wait_for_a_replica(tmp_path: Path) -> None:
             while "master_link_status:up" not in replica.cli("INFO", "replication"):
                 assert time.monotonic() < deadline, "the replica did not connect"
                 time.sleep(0.1)
+        # A roomier timeout here: WAIT waits half of it, and a loaded machine
+        # may take longer than the 250 ms above to pass a write on.
+        with SyncSessionService(f"{primary.url}?prefix=w&wait=1&timeout=10") as svc:
             s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
             svc.append_event(s, ev(delta={"k": 1}))
         with SyncSessionService(f"redis://127.0.0.1:{replica.port}/0?prefix=w") as on_replica:
