@@ -501,6 +501,27 @@ def test_a_server_that_stops_answering_times_out(own_server: RedisServer) -> Non
         assert got is not None and len(got.events) <= 2
 
 
+def test_a_page_reads_only_the_records_it_returns(redis_server: RedisServer) -> None:
+    """A listing page reads the users' indexes and its own records, not every session's."""
+    uri = f"{redis_server.url}?prefix=r{uuid.uuid4().hex}"
+    client = redis.Redis(port=redis_server.port)
+    try:
+        with SyncSessionService(uri) as svc:
+            for n in range(30):
+                svc.create_session(app_name=APP, user_id=f"u{n % 3}", session_id=f"s{n:02d}")
+            for user in (None, "u1"):
+                cursor = None
+                for _ in range(2):
+                    client.config_resetstat()
+                    page = svc.list_sessions(app_name=APP, user_id=user, limit=4, cursor=cursor)
+                    stats = client.info("commandstats")
+                    assert len(page.sessions) == 4 and page.next_cursor is not None
+                    assert stats["cmdstat_hmget"]["calls"] == 4
+                    cursor = page.next_cursor
+    finally:
+        client.close()
+
+
 @pytest.mark.slow
 def test_wait_for_a_replica(tmp_path: Path) -> None:
     """wait=1 returns once a replica has the write; with no replica it is a StoreError."""

@@ -82,6 +82,7 @@ from .base import (
     check_ttl,
     copies_equal,
     event_copy,
+    list_position,
     page_records,
 )
 
@@ -167,6 +168,11 @@ def _record(fields: list[Any]) -> SessionRecord:
         _text(last),
         int(removed or 0),
     )
+
+
+def _index_range(index: bytes, low: str, count: int) -> Command:
+    """Return the read of a listing index's first ``count`` entries scored from ``low`` on."""
+    return ("ZRANGE", index, low, "+inf", "BYSCORE", "LIMIT", 0, count, "WITHSCORES")
 
 
 class _Keys:
@@ -461,6 +467,72 @@ class _Operations:
             if prunes:
                 yield prunes
         return records
+
+    def page(
+        self, app_name: str, user_id: str | None, limit: int, after: ListPosition | None
+    ) -> Plan[tuple[list[SessionRecord], bool]]:
+        """Return one page of ``list_page`` from the users' listing indexes.
+
+        Each user's index is a sorted set of session ids scored by last update
+        time, so it is ordered as a listing is within one user: by time, then
+        id (equal scores sort by member bytes, and UTF-8 bytes sort as code
+        points do). A page reads at most ``limit + 1`` entries after the
+        position from each user's index (every user of the app when
+        ``user_id`` is None), merges them, and then reads the records of the
+        page only: three round trips for an app, two for a user, whatever the
+        number of sessions.
+        """
+        keys = self.keys
+        if user_id is None:
+            (flat,) = yield [("ZRANGE", keys.app(app_name)[2], 0, -1)]
+            users = [u.decode() for u in flat]
+        else:
+            users = [user_id]
+        if not users:
+            return [], False
+        reads: list[Command] = []
+        for user in users:
+            index = keys.user(app_name, user)[1]
+            if after is None:
+                reads.append(_index_range(index, "-inf", limit + 1))
+                continue
+            stamp, after_user, after_sid = after
+            # A later user's sessions at the position's time come after it; an
+            # earlier user's do not.
+            low = repr(stamp) if user > after_user else f"({stamp!r}"
+            reads.append(_index_range(index, low, limit + 1))
+            if user == after_user:
+                # This user's ties after the position's id: every tie is read, then sifted.
+                reads.append(("ZRANGE", index, repr(stamp), repr(stamp), "BYSCORE"))
+        replies = iter((yield reads))
+        found: list[tuple[float, str, str]] = []
+        for user in users:
+            flat = next(replies)
+            found.extend(
+                (float(score), user, sid.decode())
+                for sid, score in zip(flat[0::2], flat[1::2], strict=True)
+            )
+            if after is not None and user == after[1]:
+                stamp, after_sid = after[0], after[2]
+                found.extend(
+                    (stamp, user, sid) for sid in (m.decode() for m in next(replies))
+                    if sid > after_sid
+                )  # fmt: skip
+        found.sort()
+        chosen, more = found[:limit], len(found) > limit
+        if not chosen:
+            return [], more
+        fields = yield [
+            ("HMGET", keys.session(app_name, user, sid)[0], *_RECORD_FIELDS)
+            for _, user, sid in chosen
+        ]
+        # A session deleted between the two reads is left out; one appended to
+        # meanwhile is listed where its record now says.
+        records = [_record(f) for f in fields if f[3] is not None]
+        if after is not None:
+            records = [r for r in records if list_position(r) > after]
+        records.sort(key=list_position)
+        return records, more
 
     def delete(self, app_name: str, user_id: str, session_id: str) -> Plan[None]:
         session_keys = self.keys.session(app_name, user_id, session_id)
@@ -1162,8 +1234,10 @@ class _AsyncRedisStore:
         limit: int | None,
         after: ListPosition | None,
     ) -> tuple[list[SessionRecord], bool]:
-        """Return one page of sessions; see ``Store.list_page`` (from the whole listing)."""
-        return page_records(await self.list_sessions(app_name, user_id), limit, after)
+        """Return one page of sessions; see ``Store.list_page`` (from the listing indexes)."""
+        if limit is None:
+            return page_records(await self.list_sessions(app_name, user_id), None, after)
+        return await self._run(lambda: self._store._ops.page(app_name, user_id, limit, after))
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Awaitable[None]:
         """Remove a session; see ``Store.delete_session``."""
@@ -1421,10 +1495,12 @@ class RedisStore:
     ) -> tuple[list[SessionRecord], bool]:
         """Return one page of sessions; see ``Store.list_page``.
 
-        Read from the whole listing and sorted here (``page_records``): Redis
-        keeps no list index yet, so a page costs what the app's listing does.
+        A page reads the users' listing indexes and the records it returns
+        (``_Operations.page``); no limit reads the whole listing.
         """
-        return page_records(self.list_sessions(app_name, user_id), limit, after)
+        if limit is None:
+            return page_records(self.list_sessions(app_name, user_id), None, after)
+        return self._run(self._ops.page(app_name, user_id, limit, after))
 
     def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
         """Remove a session with its state and events; a missing one is a no-op."""
