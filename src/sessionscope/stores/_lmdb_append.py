@@ -52,6 +52,7 @@ __all__ = [
     "item_entries",
     "list_key",
     "part",
+    "read_record",
     "sortable_time",
     "unique_part",
 ]
@@ -145,6 +146,15 @@ def list_key(record: SessionRecord) -> bytes:
     """
     app: bytes = part(record.app_name)
     return app + sortable_time(record.last_update_time) + _U64.pack(record.number)
+
+
+def read_record(
+    txn: Any, store: Any, app_name: str, user_id: str, session_id: str
+) -> SessionRecord | None:
+    """Return a session's record, or None: the store's own reads outside an append."""
+    key = part(app_name) + part(user_id) + part(session_id)
+    found: SessionRecord | None = _read_record(txn, store, key, app_name, user_id, session_id)
+    return found
 
 
 @cython.cfunc

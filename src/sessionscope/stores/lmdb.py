@@ -835,19 +835,7 @@ class LmdbStore:
     def _record(
         self, txn: Any, app_name: str, user_id: str, session_id: str
     ) -> SessionRecord | None:
-        data = txn.get(_part(app_name) + _part(user_id) + _part(session_id), db=self._sessions)
-        if data is None:
-            return None
-        try:
-            record = SessionRecord.from_list(unpack(data))
-        except Exception as error:
-            raise CorruptStoreError(
-                f"the record of session {session_id!r} of user {user_id!r} in app "
-                f"{app_name!r} is unreadable"
-            ) from error
-        if (record.app_name, record.user_id, record.session_id) != (app_name, user_id, session_id):
-            raise StoreError("two session ids share a digest", hint="report this as a bug")
-        return record
+        return _hot.read_record(txn, self, app_name, user_id, session_id)
 
     def _stored_event(self, txn: Any, number: bytes, id_key: bytes) -> bytes | None:
         """Return the stored record of the session's event under ``id_key``, if any."""
