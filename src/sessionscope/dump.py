@@ -62,13 +62,8 @@ def read_copy(store: Store, app_name: str, user_id: str, session_id: str) -> Ses
     loaded = store.load_session(app_name, user_id, session_id, None, None)
     if loaded is None:
         return None
-    record = loaded.record
-    return SessionCopy(
-        record.app_name,
-        record.user_id,
-        record.session_id,
-        record.create_time,
-        record.last_update_time,
+    return SessionCopy.of_record(
+        loaded.record,
         [(key, pack(value)) for key, value in loaded.session_state.items()],
         [event_copy(event) for event in loaded.events],
     )

@@ -950,6 +950,21 @@ class SessionCopy:
     session_items: Items = field(default_factory=list)
     events: list[EventCopy] = field(default_factory=list)
 
+    @classmethod
+    def of_record(
+        cls, record: SessionRecord, session_items: Items, events: list[EventCopy]
+    ) -> SessionCopy:
+        """Return the copy of a stored session: its record's ids and times, its state, events."""
+        return cls(
+            record.app_name,
+            record.user_id,
+            record.session_id,
+            record.create_time,
+            record.last_update_time,
+            session_items,
+            events,
+        )
+
 
 def event_copy(record: bytes, timestamp: float | None = None) -> EventCopy:
     """Return the copy of a stored event record; its id (and time) are read from it.

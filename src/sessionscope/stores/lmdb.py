@@ -1538,15 +1538,8 @@ class LmdbStore:
                 if not key.startswith(prefix):
                     break
                 events.append(event_copy(value[8:], _F64.unpack_from(value)[0]))
-        return SessionCopy(
-            record.app_name,
-            record.user_id,
-            record.session_id,
-            record.create_time,
-            record.last_update_time,
-            _item_entries_of(self._read_map(txn, self._data, number + _STATE)),
-            events,
-        )
+        state = _item_entries_of(self._read_map(txn, self._data, number + _STATE))
+        return SessionCopy.of_record(record, state, events)
 
     def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
         """Set keys of the app map, leaving other keys as they are."""

@@ -409,19 +409,11 @@ class MemoryStore:
 
 
 def _copy_of(stored: _StoredSession) -> SessionCopy:
-    record = stored.record
-    return SessionCopy(
-        record.app_name,
-        record.user_id,
-        record.session_id,
-        record.create_time,
-        record.last_update_time,
-        list(stored.state.items()),
-        [
-            EventCopy(event_copy(e).event_id, t, e)
-            for e, t in zip(stored.events, stored.timestamps, strict=True)
-        ],
-    )
+    events = [
+        EventCopy(event_copy(e).event_id, t, e)
+        for e, t in zip(stored.events, stored.timestamps, strict=True)
+    ]
+    return SessionCopy.of_record(stored.record, list(stored.state.items()), events)
 
 
 def _not_found(app_name: str, user_id: str, session_id: str) -> SessionNotFoundError:

@@ -851,12 +851,8 @@ class _Operations:
         record = loaded.record
         state = self.keys.session(app_name, user_id, session_id)[4]
         (items,) = yield [("HGETALL", state)]
-        return SessionCopy(
-            app_name,
-            user_id,
-            session_id,
-            record.create_time,
-            record.last_update_time,
+        return SessionCopy.of_record(
+            record,
             [(key, value) for key, value in _pairs(items)],
             [event_copy(e, t) for e, t in zip(loaded.events, ordered, strict=True)],
         )
