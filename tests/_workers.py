@@ -339,6 +339,23 @@ def hold_write_lock(path: str, release: str, seconds: str) -> None:
     env.close()
 
 
+def hold_store_writer_lock(path: str, release: str, seconds: str) -> None:
+    """Hold a store's writer lock, as a writer about to begin does, until a file appears."""
+    store = LmdbStore(path, durability="deferred")
+    store._writer_lock.acquire()
+    _say("held")
+    deadline = time.monotonic() + float(seconds)
+    how = "timeout"
+    while time.monotonic() < deadline:
+        if Path(release).exists():
+            how = "file"
+            break
+        time.sleep(0.002)
+    store._writer_lock.release()
+    _say(how)
+    store.close()
+
+
 def foreign_open(path: str) -> None:
     """Keep another application's LMDB database open (not a store) until stdin closes."""
     import lmdb
@@ -390,6 +407,7 @@ COMMANDS = {
     "open_many": open_many,
     "grow_until_told": grow_until_told,
     "hold_write_lock": hold_write_lock,
+    "hold_store_writer_lock": hold_store_writer_lock,
     "refused_growth": refused_growth,
     "foreign_open": foreign_open,
     "dump": dump,

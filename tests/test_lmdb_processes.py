@@ -254,8 +254,12 @@ def test_multiprocessing_fork_workers_get_a_store_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("durability", ["sync", "deferred"])
+# "hold_write_lock": an LMDB transaction of another program, which only LMDB's
+# own mutex shows; "hold_store_writer_lock": another process's store between
+# taking its writer lock and beginning, which only that lock shows.
+@pytest.mark.parametrize("holder_kind", ["hold_write_lock", "hold_store_writer_lock"])
 def test_the_loop_runs_while_another_process_holds_the_write_lock(
-    tmp_path: Path, durability: str
+    tmp_path: Path, durability: str, holder_kind: str
 ) -> None:
     path = tmp_path / "store"
     release = tmp_path / "release"
@@ -286,7 +290,7 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
         return ran_before_append, ticks
 
     try:
-        with children(tmp_path, ("hold_write_lock", str(path), str(release), "20")) as (holder,):
+        with children(tmp_path, (holder_kind, str(path), str(release), "20")) as (holder,):
             ran, ticks = asyncio.run(scenario(holder))
             how = holder.readline(timeout=60)
         assert how == "file", "the loop froze until the holder gave up"

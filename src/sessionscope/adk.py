@@ -73,6 +73,11 @@ _ERRORS: dict[type[BaseException], type[BaseException]] = {
 }
 
 
+# Where ADK's Session keeps the marker a storage service sets on it.
+_MARKER = "_storage_update_marker"
+_MARKER_IN_PRIVATE = _MARKER in getattr(Session, "__private_attributes__", {})
+
+
 class AdkModel(FieldModel[Session, Event]):
     """The Model of google-adk's pydantic ``Session`` and ``Event``."""
 
@@ -91,7 +96,14 @@ class AdkModel(FieldModel[Session, Event]):
 
     def marker(self, session: Session) -> str | None:
         """Return the revision marker a session object carries."""
-        marker: str | None = session._storage_update_marker
+        if _MARKER_IN_PRIVATE:
+            # Read from pydantic's dict of private attributes: reading the
+            # attribute goes through BaseModel.__getattr__, about 2 us an append.
+            private = session.__pydantic_private__
+            if private is not None:
+                marker: str | None = private.get(_MARKER)
+                return marker
+        marker = session._storage_update_marker
         return marker
 
     def update_session(self, session: Session, last_update_time: float, marker: str) -> None:

@@ -68,6 +68,7 @@ from ..errors import (
     StoreError,
     UnsafeStoreError,
 )
+from ._lmdb_writer_lock import WriterLock
 from .base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
@@ -130,6 +131,10 @@ _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 # A write waiting for the group commit, and who waits for it.
 _Queued = tuple[Callable[[Any], Any], Pending[Any]]
+
+
+class _MapMustGrow(Exception):
+    """Writes that ran out of map where the map may not grow; nothing was written."""
 
 
 # The process the stores of this process were opened in. A forked child gets
@@ -263,6 +268,12 @@ class LmdbStore:
                 raise _open_failure(self.path, error) from error
         self._env = self._open_env(map_size)
         try:
+            # Taken by every write transaction; tried without waiting from a loop.
+            self._writer_lock = WriterLock(str(self.path / "lock.mdb"))
+        except OSError as error:
+            self._env.close()
+            raise _open_failure(self.path, error) from error
+        try:
             # Slots of readers whose process died without closing the store
             # would otherwise stay taken until every process closed it.
             self._env.reader_check()
@@ -276,6 +287,7 @@ class LmdbStore:
             _open_here.add(self._data_id)
         except BaseException:
             self._env.close()
+            self._writer_lock.close()
             raise
         self._sessions = self._dbs[b"sessions"]
         self._shared = self._dbs[b"shared"]
@@ -528,10 +540,12 @@ class LmdbStore:
 
     def _open_databases(self) -> dict[bytes, Any]:
         env = self._env
+        self._writer_lock.acquire()
         try:
             with self._gate:
                 # Through _begin: another process may be growing the map.
                 txn = self._begin(write=True)
+                self._writer_lock.learn()
                 try:
                     if txn.cursor().first():
                         # Opening existing handles changes nothing on disk.
@@ -558,6 +572,8 @@ class LmdbStore:
             ) from error
         except lmdb.Error as error:
             raise _lmdb_failure(f"opening {self.path}", error) from error
+        finally:
+            self._writer_lock.release()
         return dbs
 
     # -- transactions ----------------------------------------------------
@@ -687,15 +703,30 @@ class LmdbStore:
     def _write(self, action: Callable[[Any], T]) -> Completion[T]:
         """Run a write: queued for group commit, or inline without fsync.
 
-        A deferred write from an event loop's thread is queued too: LMDB's
-        write lock may be held by another thread or process for as long as
-        it likes, and the loop must not wait for it.
+        A deferred write from an event loop's thread runs inline only when
+        nobody holds the write lock and nothing waits in the queue before
+        it; otherwise it is queued: LMDB's write lock may be held by another
+        thread or process for as long as it likes, and the loop must not
+        wait for it (see ``WriterLock``).
         """
         self._check_open()
         in_loop = asyncio._get_running_loop() is not None
-        if self._syncer is not None and not in_loop:
-            ok, value = self._run_writes([action])[0]
-            return Completion.done(value) if ok else Completion.failed(value)
+        if self._syncer is not None:
+            outcome: tuple[bool, Any] | None = None
+            if not in_loop:
+                outcome = self._run_locked([action])[0]
+            elif not self._writes and self._writer_lock.try_acquire():
+                try:
+                    outcome = self._run_writes([action], may_grow=False)[0]
+                except _MapMustGrow:
+                    # The writer thread grows the map: preallocating the
+                    # file may take a while.
+                    pass
+                finally:
+                    self._writer_lock.release()
+            if outcome is not None:
+                ok, value = outcome
+                return Completion.done(value) if ok else Completion.failed(value)
         pending: Pending[T] = Pending()
         with self._admit:
             # Checked with the append, so that nothing is queued after the
@@ -726,8 +757,22 @@ class LmdbStore:
             self._wake.notify()
         return Completion.waiting(pending)
 
-    def _run_writes(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
+    def _run_locked(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
+        """Run writes as ``_run_writes`` does, holding the store's writer lock."""
+        self._writer_lock.acquire()
+        try:
+            return self._run_writes(actions)
+        finally:
+            self._writer_lock.release()
+
+    def _run_writes(
+        self, actions: list[Callable[[Any], Any]], may_grow: bool = True
+    ) -> list[tuple[bool, Any]]:
         """Run writes in one transaction; if one fails, run each in its own.
+
+        Called holding the writer lock. Without ``may_grow``, writes that
+        need a larger map raise ``_MapMustGrow``: nothing was written, and
+        the caller runs them again where the map may grow.
 
         One failing write would otherwise undo the others. Running each again
         alone costs a commit per write, but only in the rare batch where one
@@ -758,6 +803,8 @@ class LmdbStore:
                 self._dirty = True
                 return [(True, result) for result in results]
             except lmdb.MapFullError:
+                if not may_grow:
+                    raise _MapMustGrow from None
                 try:
                     self._grow(seen)
                 except StoreError as error:
@@ -795,14 +842,20 @@ class LmdbStore:
         """
         batch: list[_Queued] = []
         writes = self._writes
-        while writes and len(batch) < _MAX_BATCH:
-            batch.append(writes.popleft())
-        if not batch:
-            return False
+        # Taken before the queue is emptied: a loop that finds the queue
+        # empty and the lock free writes after everything queued before it.
+        self._writer_lock.acquire()
         try:
-            outcomes = self._run_writes([action for action, _ in batch])
-        except BaseException as error:  # every waiter must hear of it
-            outcomes = [(False, error)] * len(batch)
+            while writes and len(batch) < _MAX_BATCH:
+                batch.append(writes.popleft())
+            if not batch:
+                return False
+            try:
+                outcomes = self._run_writes([action for action, _ in batch])
+            except BaseException as error:  # every waiter must hear of it
+                outcomes = [(False, error)] * len(batch)
+        finally:
+            self._writer_lock.release()
         finish_all(
             (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
         )
@@ -1599,6 +1652,8 @@ class LmdbStore:
             self._syncer.join()
         # Wait for running transactions, and turn away the ones still to begin.
         self._gate.exclusive(self._release)
+        # After LMDB: closing the lock file drops this process's locks on it.
+        self._writer_lock.close()
 
     def _release(self) -> None:
         self._released = True
@@ -1616,12 +1671,16 @@ class LmdbStore:
         """
         self._check_open()
         try:
-            with self._gate:
-                txn = self._begin(write=True)
-                try:
-                    _verify_file(self.path / "data.mdb")
-                finally:
-                    txn.abort()
+            self._writer_lock.acquire()
+            try:
+                with self._gate:
+                    txn = self._begin(write=True)
+                    try:
+                        _verify_file(self.path / "data.mdb")
+                    finally:
+                        txn.abort()
+            finally:
+                self._writer_lock.release()
         except lmdb.Error as error:
             raise _lmdb_failure(f"verifying {self.path}", error) from error
 
