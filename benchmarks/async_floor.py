@@ -5,20 +5,20 @@ As a script (about 30 seconds; ``--quick`` about 10)::
     python benchmarks/async_floor.py [--rounds 3] [--quick] [--json out.json]
 
 Why this exists: the target "native deferred append at most 1.0x ADK
-``InMemorySessionService.append_event``" compares a durable store with a dict.
-From an event loop, a deferred LMDB append is handed to the store's writer
-thread and its outcome handed back (LMDB has no try-lock, and the loop must
-never wait for a write lock another process may hold). That hand-off has a
-cost of its own that no work inside the store can remove. This script
-measures, in one run and at several session lengths:
+``InMemorySessionService.append_event``" compares a durable store with a dict,
+whose cost grows with the session. From an event loop, a deferred LMDB
+append commits inline when nobody holds the write lock; when someone does,
+it is handed to the store's writer thread and its outcome handed back (the
+loop never waits for the lock). This script measures, in one run and at
+several session lengths:
 
 - ADK ``InMemorySessionService.append_event`` (its cost grows with the
   session: the in-memory service copies what it stores);
-- the native async service's deferred append, and the sync service's (which
-  commits on the calling thread: no hand-off);
-- the floor: a bare hand-off of nothing to a thread and back, made the way
-  the store makes it (a condition variable to wake the thread,
-  ``call_soon_threadsafe`` to wake the loop).
+- the native async service's deferred append, and the sync service's;
+- a bare hand-off of nothing to a thread and back, made the way the store
+  makes it (a condition variable to wake the thread, ``call_soon_threadsafe``
+  to wake the loop): what an append from a loop pays on top when the write
+  lock is busy.
 
 Every row appends the workload's user/model/tool turns (deltas on session,
 ``user:``, ``app:`` and ``temp:`` keys) until the session holds the length,
