@@ -297,35 +297,33 @@ def _catch_up(
 def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[AppendResult]:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
-    Each session record is read once and written once per batch, and the
-    batch's entries go to each database in one ``putmulti`` call rather than
-    a Python call per entry.
+    Each session record is read once and written once per batch. A state key
+    the batch sets several times is written once, with its last value, which
+    is what the appends one by one would leave. Each database takes the
+    batch's entries in one ``putmulti`` call rather than a Python call per entry.
     """
-    data_db, shared_db = store._data, store._shared
+    data_db = store._data
+    data = txn.cursor(db=data_db)
     format_1: cython.bint = store.format == 1
     results: list[AppendResult] = []
-    # Each session's record, number, record key, app part and last update
-    # time before the batch.
-    records: dict[tuple[str, str, str], tuple[Any, bytes, bytes, bytes, float]] = {}
-    data_puts: list[tuple[bytes, bytes]] = []
-    shared_puts: list[tuple[bytes, bytes]] = []
+    # Each session of the batch by its ids (see _batch_session).
+    sessions: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    # The app and user state the batch sets, by map prefix: key -> packed
+    # value, the last one set. (Each session's own is kept with the session.)
+    shared: dict[bytes, dict[str, bytes]] = {}
+    event_puts: list[tuple[bytes, bytes]] = []
     # Events of this batch by id key: not yet in the store, seen by repeats.
     batch_events: dict[bytes, bytes] = {}
     index: cython.Py_ssize_t = -1
     number: bytes
     for request in requests:
         index += 1
-        app_name: str = request.app_name
-        user_id: str = request.user_id
-        ids = (app_name, user_id, request.session_id)
-        known = records.get(ids)
+        ids = (request.app_name, request.user_id, request.session_id)
+        known = sessions.get(ids)
         if known is None:
-            app: bytes = part(app_name)
-            key: bytes = app + part(user_id) + part(request.session_id)
-            found = _read_record(txn, store, key, app_name, user_id, request.session_id)
-            if found is not None:
-                known = (found, _U64.pack(found.number), key, app, found.last_update_time)
-                records[ids] = known
+            known = _batch_session(txn, store, shared, ids)
+            if known is not None:
+                sessions[ids] = known
         record = None
         stored = None
         id_key: bytes = b""
@@ -336,19 +334,22 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
             stored = batch_events.get(id_key)
             if stored is None:
                 stored = _stored_event(txn, data_db, number, id_key)
-        try:
-            if check_append(record, request, stored):
-                results.append(AppendResult(None, duplicate=True))
-                continue
-        except Exception as error:
-            raise PartialBatch(index, error) from error
+        # A locked append of a new event to a stored session always goes on
+        # (see check_append): only the other cases are checked.
+        if record is None or stored is not None or not request.locked:
+            try:
+                if check_append(record, request, stored):
+                    results.append(AppendResult(None, duplicate=True))
+                    continue
+            except Exception as error:
+                raise PartialBatch(index, error) from error
         assert record is not None and known is not None
-        app = known[3]
-        if request.app_items or request.user_items:
-            _add_items(shared_puts, _APP + app, request.app_items)
-            _add_items(shared_puts, _USER + app + part(user_id), request.user_items)
+        if request.app_items:
+            known[5].update(request.app_items)
+        if request.user_items:
+            known[6].update(request.user_items)
         if request.session_items:
-            _add_items(data_puts, number + _STATE, request.session_items)
+            known[7].update(request.session_items)
         timestamp: float = request.timestamp
         timed: cython.bint = format_1 or record.time_indexed
         if (
@@ -356,18 +357,18 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
             and record.event_count != record.removed_count
             and (timestamp < record.last_update_time)
         ):
-            # The index is built from what the transaction holds: write the batch so far.
-            if data_puts:
-                txn.cursor(db=data_db).putmulti(data_puts)
-                data_puts.clear()
+            # The index is built from what the transaction holds: write the events so far.
+            if event_puts:
+                data.putmulti(event_puts)
+                event_puts.clear()
             store._start_time_index(txn, record)
             timed = True
         count: int = record.event_count
         seq: bytes = _U64.pack(count)
-        data_puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
-        data_puts.append((id_key, seq))
+        event_puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
+        event_puts.append((id_key, seq))
         if timed:
-            data_puts.append((number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
+            event_puts.append((number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
         batch_events[id_key] = request.event
         record.event_count = count + 1
         record.last_update_time = timestamp
@@ -375,12 +376,51 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
         results.append(AppendResult(record.marker, timestamp))
     # putmulti writes in list order and overwrites: the last write of a key
     # wins. (Sorting first was measured slower than it saves.)
-    if data_puts:
-        txn.cursor(db=data_db).putmulti(data_puts)
+    if event_puts:
+        data.putmulti(event_puts)
+    state_puts: list[tuple[bytes, bytes]] = []
+    for known in sessions.values():
+        if known[7]:
+            _add_items(state_puts, known[1] + _STATE, known[7].items())
+    if state_puts:
+        data.putmulti(state_puts)
+    shared_puts: list[tuple[bytes, bytes]] = []
+    for owner, items in shared.items():
+        _add_items(shared_puts, owner, items.items())
     if shared_puts:
-        txn.cursor(db=shared_db).putmulti(shared_puts)
+        txn.cursor(db=store._shared).putmulti(shared_puts)
     sessions_db = store._sessions
-    for record, _, key, app, old_time in records.values():
-        txn.put(key, pack(record.to_list()), db=sessions_db)
-        _relist(txn, store, record, app, key, old_time)
+    for known in sessions.values():
+        record = known[0]
+        txn.put(known[2], pack(record.to_list()), db=sessions_db)
+        _relist(txn, store, record, known[3], known[2], known[4])
     return results
+
+
+@cython.cfunc
+def _batch_session(
+    txn: Any, store: Any, shared: dict[bytes, dict[str, bytes]], ids: tuple[str, str, str]
+) -> Any:
+    """Return what a batch keeps of a stored session, or None when it is not stored.
+
+    (record, number, record key, app part, last update time before the batch,
+    then the maps of state the batch sets: the app's, the user's, the session's.)
+    """
+    app_name, user_id, session_id = ids
+    app: bytes = part(app_name)
+    user: bytes = part(user_id)
+    key: bytes = app + user + part(session_id)
+    record = _read_record(txn, store, key, app_name, user_id, session_id)
+    if record is None:
+        return None
+    number: bytes = _U64.pack(record.number)
+    return (
+        record,
+        number,
+        key,
+        app,
+        record.last_update_time,
+        shared.setdefault(_APP + app, {}),
+        shared.setdefault(_USER + app + user, {}),
+        {},
+    )
