@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from . import _no_cython as cython
     from .model import Event
     from .stores.base import AppendResult
@@ -32,9 +34,12 @@ __all__ = [
     "MAX_ID_BYTES",
     "check_id",
     "check_session_id",
+    "encode_event",
     "event_to_record",
     "finish_append",
+    "finish_many",
     "prepare_append",
+    "prepare_many",
     "timestamp_of",
 ]
 
@@ -42,6 +47,7 @@ MAX_ID_BYTES = 4096
 # A str of this many characters is at most MAX_ID_BYTES of UTF-8.
 _SHORT_ID = MAX_ID_BYTES // 4
 _INF = float("inf")
+_EVENT_PREFIX = bytes([codec.EVENT_FORMAT])
 
 _EVENT_FIELDS = (
     "author",
@@ -131,6 +137,12 @@ def event_to_record(event: Event) -> dict[str, Any]:
         check_storable(event.extra, "event.extra")
         record["extra"] = event.extra
     return record
+
+
+def encode_event(event: Event) -> bytes:
+    """Return the stored bytes of an event: the format byte, then its set fields packed."""
+    packed: bytes = codec.packer().pack(event_to_record(event))
+    return _EVENT_PREFIX + packed
 
 
 @cython.cfunc
@@ -228,3 +240,150 @@ def finish_append(
     events.append(event)
     model.update_session(session, result.last_update_time, marker)
     return True
+
+
+# -- bulk appends ------------------------------------------------------------
+#
+# A batch prepares and finishes its appends in one call each, for sessions and
+# events with ADK's field names (``FieldModel``'s): the fields are read here
+# rather than through one model call per field, and what the events of one
+# session share (its checked ids, marker, last update time and last event id,
+# none of which changes before the batch is finished) is read once.
+
+
+def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> list[Any]:
+    """Check and pack a batch of locked appends without catch-up: (session, event, prepared).
+
+    Partial events are left out. Each append is checked as ``prepare_append``
+    checks it, in order; a bad one gives every event prepared before it its
+    delta back and raises, so nothing of the batch has changed.
+    """
+    batch: list[Any] = []
+    sessions: dict[int, tuple[Any, ...]] = {}
+    pack = codec.packer().pack
+    try:
+        for session, event in appends:
+            if event.partial:
+                continue
+            shared = sessions.get(id(session))
+            # The dict holds each session it saw, so no other object takes its id meanwhile.
+            if shared is None or shared[0] is not session:
+                shared = _session_parts(model, session)
+                sessions[id(session)] = shared
+            prepared = _prepare_event(model, pack, event, shared)
+            batch.append((session, event, prepared))
+    except BaseException:
+        for _, event, prepared in batch:
+            if prepared.original_delta is not None:
+                model.set_state_delta(event, dict(prepared.original_delta))
+        raise
+    return batch
+
+
+@cython.cfunc
+def _session_parts(model: Any, session: Any) -> tuple[Any, ...]:
+    """Return (session, app, user, session id, marker, last update time, last event id)."""
+    app: str = check_id(session.app_name, "session.app_name")
+    user: str = check_id(session.user_id, "session.user_id")
+    sid: str = check_session_id(session.id)
+    events = session.events
+    return (
+        session,
+        app,
+        user,
+        sid,
+        model.marker(session),
+        session.last_update_time,
+        events[-1].id if events else None,
+    )
+
+
+@cython.cfunc
+def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -> Any:
+    """Return the prepared append of one event of a batch (see ``prepare_append``)."""
+    if not event.id:
+        event.id = model.new_event_id()
+    event_id: str = check_id(event.id, "event.id")
+    timestamp: float = timestamp_of(event.timestamp)
+    if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
+        raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    actions = event.actions
+    original: Any = actions.state_delta if actions else None
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    delta: Any
+    temp: dict[str, Any]
+    if original:
+        app_delta, user_delta, session_delta, temp = partition_checked(original)
+        if temp:
+            delta = {k: v for k, v in original.items() if k not in temp}
+        else:
+            # Applied to the live session before the call returns: no copy needed.
+            delta = original if type(original) is dict else dict(original)
+        if app_delta:
+            app_items = _items(pack, app_delta)
+        if user_delta:
+            user_items = _items(pack, user_delta)
+        if session_delta:
+            session_items = _items(pack, session_delta)
+    else:
+        temp = {}
+        delta = {}
+    if temp:
+        actions.state_delta = delta
+    try:
+        record: bytes = model.encode_event(event)
+    except BaseException:
+        if temp:
+            actions.state_delta = dict(original)
+        raise
+    prepared = PreparedAppend(
+        shared[1],
+        shared[2],
+        shared[3],
+        event_id,
+        timestamp,
+        record,
+        app_items,
+        user_items,
+        session_items,
+        shared[4],
+        shared[5],
+        shared[6],
+        True,
+        False,
+        delta,
+        original if temp else None,
+        temp,
+    )
+    return prepared
+
+
+def finish_many(model: Any, batch: list[Any], results: list[AppendResult]) -> list[Any]:
+    """Bring the live sessions up to date with a batch's results; return its events.
+
+    ``results`` may be shorter than the batch (a store error stopped it):
+    only the appends it answers are finished. Each session's time and
+    marker are set once, from its last append the store took.
+    """
+    events_out: list[Any] = []
+    moved: dict[int, tuple[Any, float, str]] = {}
+    index: cython.Py_ssize_t
+    for index in range(len(results)):
+        session, event, prepared = batch[index]
+        result = results[index]
+        events_out.append(event)
+        marker = result.marker
+        if result.duplicate or marker is None:
+            continue
+        state = session.state
+        if prepared.delta:
+            apply_delta(state, prepared.delta)
+        if prepared.temp:
+            apply_delta(state, prepared.temp)
+        session.events.append(event)
+        moved[id(session)] = (session, result.last_update_time, marker)
+    for session, last_update_time, marker in moved.values():
+        model.update_session(session, last_update_time, marker)
+    return events_out
