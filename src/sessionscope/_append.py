@@ -113,9 +113,20 @@ def event_to_record(event: Event) -> dict[str, Any]:
     record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
     for name in _EVENT_FIELDS:
         value = getattr(event, name)
-        if value is not None and value != "":
-            check_storable(value, "event." + name)
-            record[name] = value
+        if value is None:
+            continue
+        if type(value) is str:
+            text: str = value
+            if not text:
+                continue
+            # ASCII text is storable as it is: no call to check it.
+            if text.isascii():
+                record[name] = text
+                continue
+        elif value == "":
+            continue
+        check_storable(value, "event." + name)
+        record[name] = value
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
@@ -317,7 +328,9 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
     if original:
         app_delta, user_delta, session_delta, temp = partition_checked(original)
         if temp:
-            delta = {k: v for k, v in original.items() if k not in temp}
+            delta = dict(original)
+            for key in temp:
+                del delta[key]
         else:
             # Applied to the live session before the call returns: no copy needed.
             delta = original if type(original) is dict else dict(original)
@@ -377,11 +390,12 @@ def finish_many(model: Any, batch: list[Any], results: list[AppendResult]) -> li
         marker = result.marker
         if result.duplicate or marker is None:
             continue
+        # The keys of both maps were checked (all str) when the batch was prepared.
         state = session.state
         if prepared.delta:
-            apply_delta(state, prepared.delta)
+            state.update(prepared.delta)
         if prepared.temp:
-            apply_delta(state, prepared.temp)
+            state.update(prepared.temp)
         session.events.append(event)
         moved[id(session)] = (session, result.last_update_time, marker)
     for session, last_update_time, marker in moved.values():
