@@ -26,7 +26,14 @@ else:
         from . import _no_cython as cython
 
 from . import codec
-from .core import apply_delta, check_storable, partition_checked
+from .core import (
+    APP_PREFIX,
+    TEMP_PREFIX,
+    USER_PREFIX,
+    apply_delta,
+    check_storable,
+    partition_checked,
+)
 from .errors import StateValueError
 from .stores.base import PreparedAppend
 
@@ -48,6 +55,11 @@ MAX_ID_BYTES = 4096
 _SHORT_ID = MAX_ID_BYTES // 4
 _INF = float("inf")
 _EVENT_PREFIX = bytes([codec.EVENT_FORMAT])
+_APP_LEN = len(APP_PREFIX)
+_USER_LEN = len(USER_PREFIX)
+# The storable int range (64-bit, signed or unsigned), as the scope core checks it.
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
 
 _EVENT_FIELDS = (
     "author",
@@ -326,7 +338,17 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
     delta: Any
     temp: dict[str, Any]
     if original:
-        app_delta, user_delta, session_delta, temp = partition_checked(original)
+        routed = _route_plain(pack, original)
+        if routed is not None:
+            app_items, user_items, session_items, temp = routed
+        else:
+            app_delta, user_delta, session_delta, temp = partition_checked(original)
+            if app_delta:
+                app_items = _items(pack, app_delta)
+            if user_delta:
+                user_items = _items(pack, user_delta)
+            if session_delta:
+                session_items = _items(pack, session_delta)
         if temp:
             delta = dict(original)
             for key in temp:
@@ -334,12 +356,6 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
         else:
             # Applied to the live session before the call returns: no copy needed.
             delta = original if type(original) is dict else dict(original)
-        if app_delta:
-            app_items = _items(pack, app_delta)
-        if user_delta:
-            user_items = _items(pack, user_delta)
-        if session_delta:
-            session_items = _items(pack, session_delta)
     else:
         temp = {}
         delta = {}
@@ -371,6 +387,47 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
         temp,
     )
     return prepared
+
+
+@cython.cfunc
+def _route_plain(pack: Any, delta: Any) -> Any:
+    """Return a delta's packed (app, user, session) items and temp map, or None.
+
+    The common delta, ASCII str keys and plain values (None, bool, bytes,
+    float, 64-bit int, ASCII str), goes straight to packed items, in the
+    delta's order, without the maps ``partition_checked`` builds. Any other
+    key or value gives None: the caller partitions the delta with its checks,
+    which name what is wrong, as for a single append.
+    """
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    temp: dict[str, Any] = {}
+    for key, value in delta.items():
+        if type(key) is not str:
+            return None
+        name: str = key
+        if name.startswith(TEMP_PREFIX):
+            temp[name] = value  # temp values are never stored: anything goes
+            continue
+        if not name.isascii():
+            return None
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return None
+        elif kind is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return None
+        elif kind is not float and kind is not bool and value is not None and kind is not bytes:
+            return None
+        if name.startswith(APP_PREFIX):
+            app_items.append((name[_APP_LEN:], pack(value)))
+        elif name.startswith(USER_PREFIX):
+            user_items.append((name[_USER_LEN:], pack(value)))
+        else:
+            session_items.append((name, pack(value)))
+    return app_items, user_items, session_items, temp
 
 
 def finish_many(model: Any, batch: list[Any], results: list[AppendResult]) -> list[Any]:
