@@ -63,6 +63,8 @@ _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 _U64 = Struct(">Q")
 _F64 = Struct(">d")
+# The two-byte size in front of a raw key part, made once for every size it can have.
+_SIZES: list[bytes] = [size.to_bytes(2, "big") for size in range(_RAW_PART_LIMIT + 1)]
 
 
 def unique_part(text: str) -> bytes:
@@ -70,7 +72,7 @@ def unique_part(text: str) -> bytes:
     raw: bytes = text.encode()
     size: cython.Py_ssize_t = len(raw)
     if size <= _RAW_PART_LIMIT:
-        short: bytes = size.to_bytes(2, "big") + raw
+        short: bytes = _SIZES[size] + raw
         return short
     return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
 
@@ -405,6 +407,7 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
     # Events of this batch by id key: not yet in the store, seen by repeats.
     batch_events: dict[bytes, bytes] = {}
     index: cython.Py_ssize_t
+    items: Items
     count: cython.longlong
     timestamp: cython.double
     for index in range(len(requests)):
@@ -434,12 +437,19 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
                 raise PartialBatch(index, error) from error
         assert found is not None  # check_append refuses a missing session
         session = found
-        if request.app_items:
-            session.app_state.update(request.app_items)
-        if request.user_items:
-            session.user_state.update(request.user_items)
-        if request.session_items:
-            session.session_state.update(request.session_items)
+        # A loop over the few items of each map costs less than dict.update.
+        items = request.app_items
+        if items:
+            for key, value in items:
+                session.app_state[key] = value
+        items = request.user_items
+        if items:
+            for key, value in items:
+                session.user_state[key] = value
+        items = request.session_items
+        if items:
+            for key, value in items:
+                session.session_state[key] = value
         timestamp = request.timestamp
         count = session.count
         # Out of time order (see in_time_order): the session needs a time index from now on.
@@ -460,7 +470,7 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
         session.count = count
         session.last_time = timestamp
         session.last_event_id = request.event_id
-        marker: str = session.marker_prefix + str(count) + session.marker_suffix
+        marker: str = f"{session.marker_prefix}{count}{session.marker_suffix}"
         results.append(AppendResult(marker, timestamp))
     _put_entries(data, sessions, True)
     shared_puts: list[tuple[bytes, bytes]] = []
