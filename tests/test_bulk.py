@@ -132,3 +132,66 @@ def test_partial_events_are_skipped(svc: SyncSessionService) -> None:
     stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
     assert stored is not None and ids(stored.events) == [whole.id]
     assert partial.actions.state_delta == {"n": 1}
+
+
+# Deltas the batch prepare routes straight to packed items (ASCII keys, plain
+# values) and deltas it hands to the scope core's checks: a batch must store
+# exactly what appends one at a time store.
+MIXED_DELTAS: list[dict[str, object]] = [
+    {"n": 1, "app:calls": 2**64 - 1, "user:seen": -(2**63), "temp:step": object()},
+    {"flag": True, "none": None, "ratio": 0.5, "raw": b"\x00\xff", "app:text": "plain"},
+    {"é": "non-ASCII key", "user:name": "Ada Lovelace, née Byron", "app:list": [1, "two"]},
+    {"nested": {"a": [1, {"b": None}]}, "tuple": (1, 2), "user:": "empty name"},
+    {"app:": 0, "": "empty key", "temp:": "empty temp key"},
+]
+
+
+def test_a_batch_stores_what_single_appends_store(store_factory: _stores.StoreFactory) -> None:
+    """Plain and nested values, every scope, odd keys: a batch and single appends agree."""
+    single = SyncSessionService(store_factory())
+    bulk = SyncSessionService(store_factory.fresh("bulk"))
+    for service in (single, bulk):
+        service.create_session(app_name=APP, user_id=USER, session_id="s")
+    events = [ev(delta, id=f"e{n}", timestamp=1000.0 + n) for n, delta in enumerate(MIXED_DELTAS)]
+    live = single.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert live is not None
+    for event in events:
+        copy = ev(dict(event.actions.state_delta), id=event.id, timestamp=event.timestamp)
+        single.append_event(live, copy)
+    batch_live = bulk.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert batch_live is not None
+    bulk.append_many([(batch_live, event) for event in events])
+
+    stored_single = single.get_session(app_name=APP, user_id=USER, session_id="s")
+    stored_bulk = bulk.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored_single is not None and stored_bulk is not None
+    assert stored_bulk.state == stored_single.state
+    assert stored_bulk.state["app:calls"] == 2**64 - 1 and stored_bulk.state["tuple"] == [1, 2]
+    assert stored_bulk.events == stored_single.events
+    assert all("temp:step" not in e.actions.state_delta for e in stored_bulk.events)
+    assert batch_live.state == live.state
+
+
+@pytest.mark.parametrize(
+    ("delta", "message"),
+    [
+        ({"ok": 1, "big": 2**64}, r"state\['big'\]: int 18446744073709551616 is out of"),
+        ({"app:ok": 1, "app:low": -(2**63) - 1}, r"state\['app:low'\]: int -\d+ is out of"),
+        ({"ok": "fine", "lone": "\ud800"}, r"state\['lone'\]: str holds a lone surrogate"),
+        ({"ok": 1, "\ud800": 1}, r"state key '\\ud800' holds a lone surrogate"),
+        ({"ok": 1, 7: "int key"}, r"state key 7 is not a str"),
+    ],
+)
+def test_a_batch_refuses_what_a_single_append_refuses(
+    svc: SyncSessionService, delta: dict[object, object], message: str
+) -> None:
+    """The same error, with the same message, whether the delta comes alone or in a batch."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    with pytest.raises(StateValueError, match=message) as alone:
+        svc.append_event(s, ev(dict(delta)))  # type: ignore[arg-type]
+    good = ev({"n": 1})
+    with pytest.raises(StateValueError, match=message) as batched:
+        svc.append_many([(s, good), (s, ev(dict(delta)))])  # type: ignore[arg-type]
+    assert str(batched.value) == str(alone.value)
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None and stored.events == [] and stored.state == {}

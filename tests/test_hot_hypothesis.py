@@ -64,15 +64,26 @@ keys = st.one_of(
     names,
     st.builds(lambda p, n: p + n, st.sampled_from(["app:", "user:", "temp:"]), names),
 )
-values = st.one_of(st.integers(-5, 5), st.text(max_size=4), st.none(), st.lists(st.booleans()))
+# Plain values (a batch routes them straight to packed items), the ends of the
+# int range and one past them (refused), and values only the scope core's
+# checks route (lists, non-ASCII text).
+values = st.one_of(
+    st.integers(-5, 5),
+    st.sampled_from([2**64 - 1, -(2**63), 2**64, -(2**63) - 1, True, 0.5, b"\x00"]),
+    st.text(max_size=4),
+    st.none(),
+    st.lists(st.booleans()),
+)
 deltas = st.dictionaries(keys, values, max_size=5)
-# (session, event number, time step, delta, how): time steps may go back.
+contents = st.one_of(st.none(), st.dictionaries(st.text(max_size=3), values, max_size=3))
+# (session, event number, time step, delta, how, content): time steps may go back.
 steps = st.tuples(
     st.integers(0, 1),
     st.integers(0, 7),
     st.sampled_from([1.0, 0.0, -3.0, 0.5]),
     deltas,
     st.sampled_from(["one", "locked", "batch"]),
+    contents,
 )
 
 
@@ -109,10 +120,11 @@ def _run(path: Path, plan: list[Any]) -> tuple[list[Any], dict[bytes, list[Any]]
             sessions.append(session)
         clock = 1000.0
         batch: list[Any] = []
-        for which, number, step, delta, how in plan:
+        for which, number, step, delta, how, content in plan:
             clock += step
             event = Event(
                 author="tester",
+                content=content,
                 id=f"e{number}",
                 timestamp=clock,
                 actions=EventActions(state_delta=dict(delta)),

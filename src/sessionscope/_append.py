@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from . import _no_cython as cython
     from .model import Event
     from .stores.base import AppendResult
@@ -24,7 +26,14 @@ else:
         from . import _no_cython as cython
 
 from . import codec
-from .core import apply_delta, check_storable, partition_checked
+from .core import (
+    APP_PREFIX,
+    TEMP_PREFIX,
+    USER_PREFIX,
+    apply_delta,
+    check_storable,
+    partition_checked,
+)
 from .errors import StateValueError
 from .stores.base import PreparedAppend
 
@@ -32,9 +41,12 @@ __all__ = [
     "MAX_ID_BYTES",
     "check_id",
     "check_session_id",
+    "encode_event",
     "event_to_record",
     "finish_append",
+    "finish_many",
     "prepare_append",
+    "prepare_many",
     "timestamp_of",
 ]
 
@@ -42,6 +54,12 @@ MAX_ID_BYTES = 4096
 # A str of this many characters is at most MAX_ID_BYTES of UTF-8.
 _SHORT_ID = MAX_ID_BYTES // 4
 _INF = float("inf")
+_EVENT_PREFIX = bytes([codec.EVENT_FORMAT])
+_APP_LEN = len(APP_PREFIX)
+_USER_LEN = len(USER_PREFIX)
+# The storable int range (64-bit, signed or unsigned), as the scope core checks it.
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
 
 _EVENT_FIELDS = (
     "author",
@@ -107,9 +125,20 @@ def event_to_record(event: Event) -> dict[str, Any]:
     record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
     for name in _EVENT_FIELDS:
         value = getattr(event, name)
-        if value is not None and value != "":
-            check_storable(value, "event." + name)
-            record[name] = value
+        if value is None:
+            continue
+        if type(value) is str:
+            text: str = value
+            if not text:
+                continue
+            # ASCII text is storable as it is: no call to check it.
+            if text.isascii():
+                record[name] = text
+                continue
+        elif value == "":
+            continue
+        check_storable(value, "event." + name)
+        record[name] = value
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
@@ -131,6 +160,12 @@ def event_to_record(event: Event) -> dict[str, Any]:
         check_storable(event.extra, "event.extra")
         record["extra"] = event.extra
     return record
+
+
+def encode_event(event: Event) -> bytes:
+    """Return the stored bytes of an event: the format byte, then its set fields packed."""
+    packed: bytes = codec.packer().pack(event_to_record(event))
+    return _EVENT_PREFIX + packed
 
 
 @cython.cfunc
@@ -228,3 +263,198 @@ def finish_append(
     events.append(event)
     model.update_session(session, result.last_update_time, marker)
     return True
+
+
+# -- bulk appends ------------------------------------------------------------
+#
+# A batch prepares and finishes its appends in one call each, for sessions and
+# events with ADK's field names (``FieldModel``'s): the fields are read here
+# rather than through one model call per field, and what the events of one
+# session share (its checked ids, marker, last update time and last event id,
+# none of which changes before the batch is finished) is read once.
+
+
+def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> list[Any]:
+    """Check and pack a batch of locked appends without catch-up: (session, event, prepared).
+
+    Partial events are left out. Each append is checked as ``prepare_append``
+    checks it, in order; a bad one gives every event prepared before it its
+    delta back and raises, so nothing of the batch has changed.
+    """
+    batch: list[Any] = []
+    sessions: dict[int, tuple[Any, ...]] = {}
+    pack = codec.packer().pack
+    try:
+        for session, event in appends:
+            if event.partial:
+                continue
+            shared = sessions.get(id(session))
+            # The dict holds each session it saw, so no other object takes its id meanwhile.
+            if shared is None or shared[0] is not session:
+                shared = _session_parts(model, session)
+                sessions[id(session)] = shared
+            prepared = _prepare_event(model, pack, event, shared)
+            batch.append((session, event, prepared))
+    except BaseException:
+        for _, event, prepared in batch:
+            if prepared.original_delta is not None:
+                model.set_state_delta(event, dict(prepared.original_delta))
+        raise
+    return batch
+
+
+@cython.cfunc
+def _session_parts(model: Any, session: Any) -> tuple[Any, ...]:
+    """Return (session, app, user, session id, marker, last update time, last event id)."""
+    app: str = check_id(session.app_name, "session.app_name")
+    user: str = check_id(session.user_id, "session.user_id")
+    sid: str = check_session_id(session.id)
+    events = session.events
+    return (
+        session,
+        app,
+        user,
+        sid,
+        model.marker(session),
+        session.last_update_time,
+        events[-1].id if events else None,
+    )
+
+
+@cython.cfunc
+def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -> Any:
+    """Return the prepared append of one event of a batch (see ``prepare_append``)."""
+    if not event.id:
+        event.id = model.new_event_id()
+    event_id: str = check_id(event.id, "event.id")
+    timestamp: float = timestamp_of(event.timestamp)
+    if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
+        raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    actions = event.actions
+    original: Any = actions.state_delta if actions else None
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    delta: Any
+    temp: dict[str, Any]
+    if original:
+        routed = _route_plain(pack, original)
+        if routed is not None:
+            app_items, user_items, session_items, temp = routed
+        else:
+            app_delta, user_delta, session_delta, temp = partition_checked(original)
+            if app_delta:
+                app_items = _items(pack, app_delta)
+            if user_delta:
+                user_items = _items(pack, user_delta)
+            if session_delta:
+                session_items = _items(pack, session_delta)
+        if temp:
+            delta = dict(original)
+            for key in temp:
+                del delta[key]
+        else:
+            # Applied to the live session before the call returns: no copy needed.
+            delta = original if type(original) is dict else dict(original)
+    else:
+        temp = {}
+        delta = {}
+    if temp:
+        actions.state_delta = delta
+    try:
+        record: bytes = model.encode_event(event)
+    except BaseException:
+        if temp:
+            actions.state_delta = dict(original)
+        raise
+    prepared = PreparedAppend(
+        shared[1],
+        shared[2],
+        shared[3],
+        event_id,
+        timestamp,
+        record,
+        app_items,
+        user_items,
+        session_items,
+        shared[4],
+        shared[5],
+        shared[6],
+        True,
+        False,
+        delta,
+        original if temp else None,
+        temp,
+    )
+    return prepared
+
+
+@cython.cfunc
+def _route_plain(pack: Any, delta: Any) -> Any:
+    """Return a delta's packed (app, user, session) items and temp map, or None.
+
+    The common delta, ASCII str keys and plain values (None, bool, bytes,
+    float, 64-bit int, ASCII str), goes straight to packed items, in the
+    delta's order, without the maps ``partition_checked`` builds. Any other
+    key or value gives None: the caller partitions the delta with its checks,
+    which name what is wrong, as for a single append.
+    """
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    temp: dict[str, Any] = {}
+    for key, value in delta.items():
+        if type(key) is not str:
+            return None
+        name: str = key
+        if name.startswith(TEMP_PREFIX):
+            temp[name] = value  # temp values are never stored: anything goes
+            continue
+        if not name.isascii():
+            return None
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return None
+        elif kind is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return None
+        elif kind is not float and kind is not bool and value is not None and kind is not bytes:
+            return None
+        if name.startswith(APP_PREFIX):
+            app_items.append((name[_APP_LEN:], pack(value)))
+        elif name.startswith(USER_PREFIX):
+            user_items.append((name[_USER_LEN:], pack(value)))
+        else:
+            session_items.append((name, pack(value)))
+    return app_items, user_items, session_items, temp
+
+
+def finish_many(model: Any, batch: list[Any], results: list[AppendResult]) -> list[Any]:
+    """Bring the live sessions up to date with a batch's results; return its events.
+
+    ``results`` may be shorter than the batch (a store error stopped it):
+    only the appends it answers are finished. Each session's time and
+    marker are set once, from its last append the store took.
+    """
+    events_out: list[Any] = []
+    moved: dict[int, tuple[Any, float, str]] = {}
+    index: cython.Py_ssize_t
+    for index in range(len(results)):
+        session, event, prepared = batch[index]
+        result = results[index]
+        events_out.append(event)
+        marker = result.marker
+        if result.duplicate or marker is None:
+            continue
+        # The keys of both maps were checked (all str) when the batch was prepared.
+        state = session.state
+        if prepared.delta:
+            state.update(prepared.delta)
+        if prepared.temp:
+            state.update(prepared.temp)
+        session.events.append(event)
+        moved[id(session)] = (session, result.last_update_time, marker)
+    for session, last_update_time, marker in moved.values():
+        model.update_session(session, last_update_time, marker)
+    return events_out

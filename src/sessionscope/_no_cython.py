@@ -11,11 +11,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
 
 compiled = False
 
 bint = bool
 int = int
+longlong = int
 double = float
 Py_ssize_t = int
 
@@ -28,6 +30,11 @@ def cfunc(function: F) -> F:
 def ccall(function: F) -> F:
     """Leave a function as it is (compiled, it becomes a cpdef function)."""
     return function
+
+
+def cclass(cls: C) -> C:
+    """Leave a class as it is (compiled, it becomes an extension type)."""
+    return cls
 
 
 def inline(function: F) -> F:

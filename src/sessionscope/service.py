@@ -216,7 +216,7 @@ class NativeModel(FieldModel[Session, Event]):
         """Return the stored record of an event: its set fields only."""
         # event_to_record checks every field but the delta, which
         # partition_checked has checked: no second walk over the record.
-        return codec.pack_event(event_to_record(event))
+        return _hot.encode_event(event)
 
     def decode_events(self, records: list[bytes]) -> list[Event]:
         """Return the events stored as ``records``."""
@@ -796,17 +796,8 @@ class SyncSessionService:
         before it stay stored and applied to their sessions, and it is raised.
         """
         core = self._core
-        batch: list[tuple[Session, Event, PreparedAppend]] = []
-        try:
-            for session, event in appends:
-                prepared = core.prepare_append(session, event, locked=True)
-                if prepared is not None:
-                    prepared.catch_up = False
-                    batch.append((session, event, prepared))
-        except BaseException:
-            for _, event, prepared in batch:
-                core.abandon_append(event, prepared)
-            raise
+        # Checked and packed in one call, every event or none (see _append.prepare_many).
+        batch: list[tuple[Session, Event, PreparedAppend]] = _hot.prepare_many(core.model, appends)
         try:
             requests: list[AppendRequest] = [p for _, _, p in batch]
             results, error = self.store.append_many(requests).result()
@@ -814,10 +805,7 @@ class SyncSessionService:
             for _, event, prepared in batch:
                 core.abandon_append(event, prepared)
             raise
-        finished = [
-            core.finish_append(session, event, prepared, result)
-            for (session, event, prepared), result in zip(batch, results, strict=False)
-        ]
+        finished: list[Event] = _hot.finish_many(core.model, batch, results)
         for _, event, prepared in batch[len(results) :]:
             core.abandon_append(event, prepared)
         if error is not None:

@@ -63,6 +63,8 @@ _RAW_PART_LIMIT = 150
 _DIGEST_MARK = b"\xff\xff"
 _U64 = Struct(">Q")
 _F64 = Struct(">d")
+# The two-byte size in front of a raw key part, made once for every size it can have.
+_SIZES: list[bytes] = [size.to_bytes(2, "big") for size in range(_RAW_PART_LIMIT + 1)]
 
 
 def unique_part(text: str) -> bytes:
@@ -70,7 +72,7 @@ def unique_part(text: str) -> bytes:
     raw: bytes = text.encode()
     size: cython.Py_ssize_t = len(raw)
     if size <= _RAW_PART_LIMIT:
-        short: bytes = size.to_bytes(2, "big") + raw
+        short: bytes = _SIZES[size] + raw
         return short
     return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
 
@@ -294,93 +296,244 @@ def _catch_up(
     )
 
 
+@cython.cclass
+class _BatchSession:
+    """What a batch keeps of one stored session while it appends to it.
+
+    The record's counters live here during the batch, as C fields of a
+    compiled build, and go back into the record when the batch writes it
+    (``settle``). The session's entries wait here too, so that the batch
+    writes them in key order, session after session, where LMDB finds each
+    next key on the page of the last one rather than from the root.
+    """
+
+    record: SessionRecord
+    number: bytes
+    key: bytes
+    app: bytes
+    event_prefix: bytes
+    id_prefix: bytes
+    old_time: cython.double
+    count: cython.longlong
+    removed: cython.longlong
+    last_time: cython.double
+    last_event_id: Any
+    timed: cython.bint
+    marker_prefix: str
+    marker_suffix: str
+    # Entries of the batch: events (in position order), id and time index.
+    events: list[tuple[bytes, bytes]]
+    index: list[tuple[bytes, bytes]]
+    # The state the batch sets, key -> packed value (the last one set): the
+    # app's and the user's maps are shared by the sessions that write them.
+    app_state: dict[str, bytes]
+    user_state: dict[str, bytes]
+    session_state: dict[str, bytes]
+
+    def __init__(
+        self,
+        record: SessionRecord,
+        key: bytes,
+        app: bytes,
+        timed: bool,
+        app_state: dict[str, bytes],
+        user_state: dict[str, bytes],
+    ) -> None:
+        self.record = record
+        self.number = _U64.pack(record.number)
+        self.key = key
+        self.app = app
+        self.event_prefix = self.number + _EVENT
+        self.id_prefix = self.number + _EVENT_ID
+        self.old_time = record.last_update_time
+        self.count = record.event_count
+        self.removed = record.removed_count
+        self.last_time = record.last_update_time
+        self.last_event_id = record.last_event_id
+        self.timed = timed or record.time_indexed
+        # SessionRecord.marker, cut around the event count.
+        self.marker_prefix = f"{record.number}:"
+        self.marker_suffix = f":{record.removed_count}" if record.removed_count else ""
+        self.events = []
+        self.index = []
+        self.app_state = app_state
+        self.user_state = user_state
+        self.session_state = {}
+
+    @cython.ccall
+    def settle(self) -> None:
+        """Write the batch's counters back into the record."""
+        record = self.record
+        record.event_count = self.count
+        record.last_update_time = self.last_time
+        record.last_event_id = self.last_event_id
+
+
 def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[AppendResult]:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
     Each session record is read once and written once per batch, and the
-    batch's entries go to each database in one ``putmulti`` call rather than
-    a Python call per entry.
+    event ids the batch brings are looked up in one ``getmulti`` call. A
+    state key the batch sets several times is written once, with its last
+    value, which is what the appends one by one would leave. Each database
+    takes the batch's entries in one ``putmulti`` call, in key order.
     """
-    data_db, shared_db = store._data, store._shared
+    data_db = store._data
+    data = txn.cursor(db=data_db)
     format_1: cython.bint = store.format == 1
+    sessions: dict[tuple[str, str, str], _BatchSession] = {}
+    # The app and user maps the batch sets, by prefix (see _BatchSession).
+    shared: dict[bytes, dict[str, bytes]] = {}
+    # First pass: each request's session (None: not stored) and id key.
+    owners: list[_BatchSession | None] = []
+    id_keys: list[bytes] = []
+    request: AppendRequest
+    session: _BatchSession
+    for request in requests:
+        ids = (request.app_name, request.user_id, request.session_id)
+        found = sessions.get(ids)
+        if found is None:
+            found = _batch_session(txn, store, shared, ids, format_1)
+            if found is not None:
+                sessions[ids] = found
+        owners.append(found)
+        if found is None:
+            id_keys.append(b"")
+        else:
+            session = found
+            id_keys.append(session.id_prefix + unique_part(request.event_id))
+    known_ids = set(data.getmulti([k for k in id_keys if k], values=False))
     results: list[AppendResult] = []
-    # Each session's record, number, record key, app part and last update
-    # time before the batch.
-    records: dict[tuple[str, str, str], tuple[Any, bytes, bytes, bytes, float]] = {}
-    data_puts: list[tuple[bytes, bytes]] = []
-    shared_puts: list[tuple[bytes, bytes]] = []
     # Events of this batch by id key: not yet in the store, seen by repeats.
     batch_events: dict[bytes, bytes] = {}
-    index: cython.Py_ssize_t = -1
-    number: bytes
-    for request in requests:
-        index += 1
-        app_name: str = request.app_name
-        user_id: str = request.user_id
-        ids = (app_name, user_id, request.session_id)
-        known = records.get(ids)
-        if known is None:
-            app: bytes = part(app_name)
-            key: bytes = app + part(user_id) + part(request.session_id)
-            found = _read_record(txn, store, key, app_name, user_id, request.session_id)
-            if found is not None:
-                known = (found, _U64.pack(found.number), key, app, found.last_update_time)
-                records[ids] = known
-        record = None
+    index: cython.Py_ssize_t
+    items: Items
+    count: cython.longlong
+    timestamp: cython.double
+    for index in range(len(requests)):
+        request = requests[index]
+        found = owners[index]
+        id_key: bytes = id_keys[index]
+        event: bytes = request.event
         stored = None
-        id_key: bytes = b""
-        if known is not None:
-            record = known[0]
-            number = known[1]
-            id_key = number + _EVENT_ID + unique_part(request.event_id)
+        if found is not None:
+            session = found
             stored = batch_events.get(id_key)
-            if stored is None:
-                stored = _stored_event(txn, data_db, number, id_key)
-        try:
-            if check_append(record, request, stored):
-                results.append(AppendResult(None, duplicate=True))
-                continue
-        except Exception as error:
-            raise PartialBatch(index, error) from error
-        assert record is not None and known is not None
-        app = known[3]
-        if request.app_items or request.user_items:
-            _add_items(shared_puts, _APP + app, request.app_items)
-            _add_items(shared_puts, _USER + app + part(user_id), request.user_items)
-        if request.session_items:
-            _add_items(data_puts, number + _STATE, request.session_items)
-        timestamp: float = request.timestamp
-        timed: cython.bint = format_1 or record.time_indexed
-        if (
-            not timed
-            and record.event_count != record.removed_count
-            and (timestamp < record.last_update_time)
-        ):
-            # The index is built from what the transaction holds: write the batch so far.
-            if data_puts:
-                txn.cursor(db=data_db).putmulti(data_puts)
-                data_puts.clear()
-            store._start_time_index(txn, record)
-            timed = True
-        count: int = record.event_count
+            if stored is None and id_key in known_ids:
+                stored = _stored_event(txn, data_db, session.number, id_key)
+        # A locked append of a new event to a stored session always goes on
+        # (see check_append): only the other cases are checked.
+        if found is None or stored is not None or not request.locked:
+            record = None
+            if found is not None:
+                session = found
+                session.settle()
+                record = session.record
+            try:
+                if check_append(record, request, stored):
+                    results.append(AppendResult(None, duplicate=True))
+                    continue
+            except Exception as error:
+                raise PartialBatch(index, error) from error
+        assert found is not None  # check_append refuses a missing session
+        session = found
+        # A loop over the few items of each map costs less than dict.update.
+        items = request.app_items
+        if items:
+            for key, value in items:
+                session.app_state[key] = value
+        items = request.user_items
+        if items:
+            for key, value in items:
+                session.user_state[key] = value
+        items = request.session_items
+        if items:
+            for key, value in items:
+                session.session_state[key] = value
+        timestamp = request.timestamp
+        count = session.count
+        # Out of time order (see in_time_order): the session needs a time index from now on.
+        if not session.timed and count != session.removed and timestamp < session.last_time:
+            # The index is built from what the transaction holds: write the events so far.
+            _put_entries(data, sessions, False)
+            store._start_time_index(txn, session.record)
+            session.timed = True
         seq: bytes = _U64.pack(count)
-        data_puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
-        data_puts.append((id_key, seq))
-        if timed:
-            data_puts.append((number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
-        batch_events[id_key] = request.event
-        record.event_count = count + 1
-        record.last_update_time = timestamp
-        record.last_event_id = request.event_id
-        results.append(AppendResult(record.marker, timestamp))
-    # putmulti writes in list order and overwrites: the last write of a key
-    # wins. (Sorting first was measured slower than it saves.)
-    if data_puts:
-        txn.cursor(db=data_db).putmulti(data_puts)
+        session.events.append((session.event_prefix + seq, _F64.pack(timestamp) + event))
+        session.index.append((id_key, seq))
+        if session.timed:
+            session.index.append(
+                (session.number + _EVENT_TIME + sortable_time(timestamp) + seq, b"")
+            )
+        batch_events[id_key] = event
+        count += 1
+        session.count = count
+        session.last_time = timestamp
+        session.last_event_id = request.event_id
+        marker: str = f"{session.marker_prefix}{count}{session.marker_suffix}"
+        results.append(AppendResult(marker, timestamp))
+    _put_entries(data, sessions, True)
+    shared_puts: list[tuple[bytes, bytes]] = []
+    for owner, state in shared.items():
+        _add_items(shared_puts, owner, state.items())
     if shared_puts:
-        txn.cursor(db=shared_db).putmulti(shared_puts)
+        txn.cursor(db=store._shared).putmulti(shared_puts)
     sessions_db = store._sessions
-    for record, _, key, app, old_time in records.values():
-        txn.put(key, pack(record.to_list()), db=sessions_db)
-        _relist(txn, store, record, app, key, old_time)
+    for session in sessions.values():
+        session.settle()
+        record = session.record
+        txn.put(session.key, pack(record.to_list()), db=sessions_db)
+        _relist(txn, store, record, session.app, session.key, session.old_time)
     return results
+
+
+@cython.cfunc
+def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cython.bint) -> None:
+    """Write the entries the sessions of a batch hold so far, in key order, and forget them.
+
+    Keys start with the session's number, then the kind: events (b"e", by
+    position), the id index (b"i"), state (b"s"), the time index (b"t").
+    ``with_state``: the state entries too (the batch's last call).
+    """
+    puts: list[tuple[bytes, bytes]] = []
+    session: _BatchSession
+    for session in sorted(sessions.values(), key=_number_of):
+        puts += session.events
+        session.index.sort()
+        puts += session.index
+        if with_state and session.session_state:
+            _add_items(puts, session.number + _STATE, session.session_state.items())
+        session.events = []
+        session.index = []
+    if puts:
+        data.putmulti(puts)
+
+
+def _number_of(session: _BatchSession) -> bytes:
+    return session.number
+
+
+@cython.cfunc
+def _batch_session(
+    txn: Any,
+    store: Any,
+    shared: dict[bytes, dict[str, bytes]],
+    ids: tuple[str, str, str],
+    format_1: cython.bint,
+) -> Any:
+    """Return a batch's _BatchSession of a stored session, or None when it is not stored."""
+    app_name, user_id, session_id = ids
+    app: bytes = part(app_name)
+    user: bytes = part(user_id)
+    key: bytes = app + user + part(session_id)
+    record = _read_record(txn, store, key, app_name, user_id, session_id)
+    if record is None:
+        return None
+    return _BatchSession(
+        record,
+        key,
+        app,
+        format_1,
+        shared.setdefault(_APP + app, {}),
+        shared.setdefault(_USER + app + user, {}),
+    )
