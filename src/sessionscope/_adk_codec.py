@@ -71,11 +71,13 @@ def _nullable_with_default(node: Any) -> bool:
 
 
 _DUMP = _dump_options()
+# What Event.model_dump calls, without the Python frame around it (about 0.4 us).
+_to_python = Event.__pydantic_serializer__.to_python
 
 
 def encode_event(event: Event) -> bytes:
     """Return the stored record of an ADK event; unstorable values raise TypeError."""
-    record = event.model_dump(**_DUMP)
+    record = _to_python(event, **_DUMP)
     actions = record.get("actions")
     if actions and _AUTH_CONFIGS in actions:
         actions[_AUTH_CONFIGS] = {

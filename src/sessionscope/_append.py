@@ -180,65 +180,16 @@ def prepare_append(model: Any, session: Any, event: Any, locked: bool) -> Prepar
     Nothing is changed, on the event or the session, until the store has
     taken the append: ``finish_append`` does that; the service's
     ``abandon_append`` undoes the one change made to the event here.
+    Sessions and events are read by ADK's field names (``FieldModel``'s),
+    as a batch reads them (see ``prepare_many``): a model call per field
+    would cost a Python call each.
     """
-    if model.is_partial(event):
+    if event.partial:
         return None
-    app_name, user_id, session_id = model.session_ids(session)
-    app: str = check_id(app_name, "session.app_name")
-    user: str = check_id(user_id, "session.user_id")
-    sid: str = check_session_id(session_id)
-    event_id: str = model.event_id(event)
-    timestamp: float = model.event_timestamp(event)
-    # Finite: not NaN (which compares unequal to itself) and not infinite.
-    if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
-        raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
-    original = model.state_delta(event)
-    pack = codec.packer().pack
-    app_items: list[tuple[str, bytes]] = []
-    user_items: list[tuple[str, bytes]] = []
-    session_items: list[tuple[str, bytes]] = []
-    delta: dict[str, Any]
-    temp: dict[str, Any]
-    if original:
-        app_delta, user_delta, session_delta, temp = partition_checked(original)
-        delta = {k: v for k, v in original.items() if k not in temp} if temp else dict(original)
-        if app_delta:
-            app_items = _items(pack, app_delta)
-        if user_delta:
-            user_items = _items(pack, user_delta)
-        if session_delta:
-            session_items = _items(pack, session_delta)
-    else:
-        temp = {}
-        delta = {}
-    if temp:
-        model.set_state_delta(event, delta)
-    try:
-        record: bytes = model.encode_event(event)
-    except BaseException:
-        if temp:
-            model.set_state_delta(event, dict(original))
-        raise
-    _, events, last_update_time = model.live_parts(session)
-    return PreparedAppend(
-        app,
-        user,
-        sid,
-        event_id,
-        timestamp,
-        record,
-        app_items,
-        user_items,
-        session_items,
-        model.marker(session),
-        last_update_time,
-        model.peek_event_id(events[-1]) if events else None,
-        locked,
-        locked,
-        delta,
-        original if temp else None,
-        temp,
+    prepared: PreparedAppend = _prepare_event(
+        model, codec.packer().pack, event, _session_parts(model, session), locked, False
     )
+    return prepared
 
 
 def finish_append(
@@ -255,12 +206,13 @@ def finish_append(
         return True
     if result.stored_state is not None:
         return False
-    state, events, _ = model.live_parts(session)
+    # Read by field name, as prepare_append reads them.
+    state = session.state
     if prepared.delta:
         apply_delta(state, prepared.delta)
     if prepared.temp:
         apply_delta(state, prepared.temp)
-    events.append(event)
+    session.events.append(event)
     model.update_session(session, result.last_update_time, marker)
     return True
 
@@ -293,7 +245,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> list[Any]:
             if shared is None or shared[0] is not session:
                 shared = _session_parts(model, session)
                 sessions[id(session)] = shared
-            prepared = _prepare_event(model, pack, event, shared)
+            prepared = _prepare_event(model, pack, event, shared, True, True)
             batch.append((session, event, prepared))
     except BaseException:
         for _, event, prepared in batch:
@@ -322,8 +274,20 @@ def _session_parts(model: Any, session: Any) -> tuple[Any, ...]:
 
 
 @cython.cfunc
-def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -> Any:
-    """Return the prepared append of one event of a batch (see ``prepare_append``)."""
+def _prepare_event(
+    model: Any,
+    pack: Any,
+    event: Any,
+    shared: tuple[Any, ...],
+    locked: cython.bint,
+    in_batch: cython.bint,
+) -> Any:
+    """Return the prepared append of one event (see ``prepare_append``).
+
+    ``in_batch``: one of a batch's locked appends, which never catch up and
+    whose delta is applied to the live session before the batch returns (so
+    it is not copied).
+    """
     if not event.id:
         event.id = model.new_event_id()
     event_id: str = check_id(event.id, "event.id")
@@ -353,9 +317,13 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
             delta = dict(original)
             for key in temp:
                 del delta[key]
-        else:
+        elif in_batch and type(original) is dict:
             # Applied to the live session before the call returns: no copy needed.
-            delta = original if type(original) is dict else dict(original)
+            delta = original
+        else:
+            # A single append applies it once the store answers: the caller's
+            # map may have changed by then.
+            delta = dict(original)
     else:
         temp = {}
         delta = {}
@@ -380,8 +348,8 @@ def _prepare_event(model: Any, pack: Any, event: Any, shared: tuple[Any, ...]) -
         shared[4],
         shared[5],
         shared[6],
-        True,
-        False,
+        locked,
+        locked and not in_batch,
         delta,
         original if temp else None,
         temp,

@@ -109,7 +109,10 @@ class AdkModel(FieldModel[Session, Event]):
     def update_session(self, session: Session, last_update_time: float, marker: str) -> None:
         """Set a live session's last update time and marker."""
         session.last_update_time = last_update_time
-        session._storage_update_marker = marker
+        if _MARKER_IN_PRIVATE and session.__pydantic_private__ is not None:
+            session.__pydantic_private__[_MARKER] = marker  # as marker() reads it
+        else:
+            session._storage_update_marker = marker
 
     def build_session(
         self, record: SessionRecord, state: dict[str, Any], events: list[Event]
