@@ -2,8 +2,10 @@
 
 As a script, printing median times (microseconds) per operation at 10, 100 and
 1,000 events per session, the ratio of ADK's time to ours, a bare FCALL round
-trip (async and sync) and the bulk append rate (one session, and fifty
-interleaved as in a replayed trace), all measured in the same run on the same
+trip (async and sync), the bulk append rate (one session, and fifty
+interleaved) and the rate of a replay of a generated 400-session trace in
+batches of 1,000 (what ``sessionscope replay --store redis://... --batch 1000``
+reports as events/s of append time), all measured in the same run on the same
 redis-server::
 
     python benchmarks/bench_redis.py                      # starts its own redis-server
@@ -44,11 +46,16 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
+from sessionscope.replay import open_target, replay
 from sessionscope.stores.redis import RedisStore
+from sessionscope.trace import TraceSpec, generate
 
 APP, USER = "bench", "user"
 LENGTHS = (10, 100, 1000)
 SESSIONS_PER_USER = 10
+# The trace of `sessionscope bench`: 400 sessions over 2 apps of 50 users each.
+REPLAY_SESSIONS = 400
+REPLAY_BATCH = 1000
 
 
 def _free_port() -> int:
@@ -221,6 +228,24 @@ def bulk_rate(url: str, prefix: str, events: int, sessions: int = 1) -> float:
             gc.enable()
 
 
+def replay_rate(url: str, prefix: str) -> float:
+    """Return the events/s of append time a bulk replay of the bench trace reports.
+
+    The same path as ``sessionscope replay --store URL --batch 1000``: the
+    trace's calls in order, runs of appends sent through ``append_many``
+    (a read or a create of a session with pending appends sends the run
+    first), the collector paused, only the bulk calls timed.
+    """
+    records = list(generate(TraceSpec(sessions=REPLAY_SESSIONS, seed=0)))
+    target = open_target(f"{url}?prefix={prefix}-replay")
+    try:
+        result = replay(target, records, batch=REPLAY_BATCH, verify_result=False,
+                        progress=False)  # fmt: skip
+    finally:
+        target.close()
+    return result.events_per_s
+
+
 async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     adk_prefix = f"adkbench{uuid.uuid4().hex[:8]}:"
@@ -242,9 +267,11 @@ async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
         )
         results["bulk"] = bulk_rate(url, prefix, bulk_events)
         results["bulk interleaved"] = bulk_rate(url, prefix, bulk_events, sessions=50)
+        results["replay"] = replay_rate(url, prefix)
     finally:
         await ours.close()
-        for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native", f"{prefix}-sync"):
+        for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native", f"{prefix}-sync",
+                             f"{prefix}-replay"):  # fmt: skip
             RedisStore(url, prefix=store_prefix).destroy()
         client = theirs._get_redis()
         async for key in client.scan_iter(match=adk_prefix + "*"):
@@ -277,6 +304,8 @@ def report(results: dict[str, Any]) -> str:
     lines.append(f"append_many on one connection: {results['bulk']:,.0f} events/s "
                  f"(one session), {results['bulk interleaved']:,.0f} events/s "
                  "(50 sessions interleaved)")  # fmt: skip
+    lines.append(f"bulk replay of the {REPLAY_SESSIONS}-session bench trace, batches of "
+                 f"{REPLAY_BATCH:,}: {results['replay']:,.0f} events/s of append time")  # fmt: skip
     return "\n".join(lines)
 
 

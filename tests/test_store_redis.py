@@ -343,17 +343,26 @@ def test_a_retried_append_is_a_no_op(uri: str) -> None:
         store.close()
 
 
-def append_calls(server: Any) -> int:
-    """Return how many append FCALLs the server (every node) has run since its start."""
+def command_calls(server: Any, command: str) -> int:
+    """Return how many times the server (every node) has run a command since its start.
+
+    Commands a function issues count too (``redis.call``).
+    """
     nodes = server.servers if isinstance(server, RedisCluster) else [server]
     total = 0
     for node in nodes:
         client = redis.Redis(port=node.port)
         try:
-            total += int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+            stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+            total += int(stats.get("calls", 0))
         finally:
             client.close()
     return total
+
+
+def append_calls(server: Any) -> int:
+    """Return how many append FCALLs the server (every node) has run since its start."""
+    return command_calls(server, "fcall")
 
 
 def test_a_batch_interleaving_sessions_takes_few_calls_and_stops_at_a_refusal(
@@ -384,6 +393,36 @@ def test_a_batch_interleaving_sessions_takes_few_calls_and_stops_at_a_refusal(
         assert all(g is not None for g in got)
         assert [len(g.events) for g in got if g is not None] == [101, 101, 100]
         assert [g.state["n"] for g in got if g is not None] == [-1, -2, 299]
+
+
+def test_a_batch_interleaving_sessions_reads_each_session_once_per_call(
+    server: Any, uri: str
+) -> None:
+    """A call reads each session's record and ids once, and its user map ends at the last write."""
+    with SyncSessionService(uri) as svc:
+        sessions = [svc.create_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+                    for i in range(4)]  # fmt: skip
+        batch = [(sessions[i % 4], ev(delta={"n": i, "user:last": i})) for i in range(200)]
+        reads = command_calls(server, "hmget")
+        calls = append_calls(server)
+        svc.append_many(batch)
+        calls = append_calls(server) - calls
+        # 200 runs of one event, in one call: a record read and an id read
+        # per session, not per run.
+        assert calls == 1
+        assert command_calls(server, "hmget") - reads == 2 * 4
+        assert svc.get_user_state(app_name=APP, user_id=USER) == {"last": 199}
+        for i, live in enumerate(sessions):
+            stored = svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+            assert stored is not None and stored.revision == live.revision
+            assert event_ids(stored) == [e.id for s, e in batch if s is live]
+            assert stored.state["n"] == 196 + i and stored.state["user:last"] == 199
+        # Repeated in one call, every request is a repeat and nothing moves.
+        before = [s.revision for s in sessions]
+        svc.append_many(batch[:8])
+        again = [svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(4)]
+        assert [g.revision for g in again if g is not None] == before
+        assert [len(g.events) for g in again if g is not None] == [50] * 4
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:
