@@ -20,7 +20,12 @@ import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
 from sessionscope import GetSessionConfig, SessionService, SyncSessionService
-from sessionscope.errors import IncompatibleStoreError, SessionNotFoundError, StoreError
+from sessionscope.errors import (
+    DuplicateEventError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreError,
+)
 from sessionscope.stores import open_store
 from sessionscope.stores.base import AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
@@ -339,6 +344,40 @@ def test_a_retried_append_is_a_no_op(uri: str) -> None:
         again = svc.get_session(app_name=APP, user_id=USER, session_id="s")
         assert again is not None and event_ids(again) == [event.id]
         assert again.revision == stored.revision
+    finally:
+        store.close()
+
+
+def test_a_stored_id_sent_with_the_current_marker_writes_nothing(uri: str) -> None:
+    """A repeat that passes the marker check is still a repeat, or refused, and changes nothing.
+
+    (The append function's straight path for a single append takes the id
+    index entry first: a taken id sends the request the general way.)
+    """
+    store = open_store(uri)
+    try:
+        svc = SyncSessionService(store)
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        event = ev(delta={"k": 1})
+        svc.append_event(s, event)
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert stored is not None
+
+        def again(record: bytes, delta: int) -> AppendRequest:
+            return AppendRequest(
+                APP, USER, "s", event.id, event.timestamp + 1, record,
+                session_items=[("k", bytes([delta]))], marker=s.revision,
+            )  # fmt: skip
+
+        same = svc._core.model.encode_event(event)
+        assert store.append(again(same, 9)).result().duplicate
+        other = svc._core.model.encode_event(ev(delta={"k": 2}))
+        with pytest.raises(DuplicateEventError):
+            store.append(again(other, 8)).result()
+        after = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert after is not None and event_ids(after) == [event.id]
+        assert after.state == {"k": 1} and after.revision == stored.revision
+        assert after.last_update_time == stored.last_update_time
     finally:
         store.close()
 
