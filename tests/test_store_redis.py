@@ -7,6 +7,7 @@ The contract itself runs on Redis through the parametrized suites
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -513,6 +514,40 @@ def test_a_cancelled_async_append_still_lands_and_matches(uri: str) -> None:
 
     stored, live = asyncio.run(scenario())
     assert stored == live
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
+def test_an_append_cancelled_at_any_step_is_whole_or_absent_and_matches(
+    uri: str, steps: int
+) -> None:
+    """Cancelled after any number of loop steps, an append lands whole or not at all.
+
+    The live session matches the store either way, and the store still serves
+    the loop (the connection is not left mid-reply).
+    """
+
+    async def scenario() -> None:
+        async with SessionService(uri) as asvc:
+            sid = f"s{steps}"
+            s = await asvc.create_session(app_name=APP, user_id=USER, session_id=sid)
+            for round_ in range(3):
+                event = ev(delta={"k": round_, "user:seen": round_})
+                task = asyncio.ensure_future(asvc.append_event(s, event))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                got = await asvc.get_session(app_name=APP, user_id=USER, session_id=sid)
+                assert got is not None
+                assert event_ids(got) == event_ids(s)
+                assert got.state == s.state and got.revision == s.revision
+            after = ev(delta={"k": "after"})
+            await asvc.append_event(s, after)
+            got = await asvc.get_session(app_name=APP, user_id=USER, session_id=sid)
+            assert got is not None and event_ids(got)[-1] == after.id
+
+    asyncio.run(scenario())
 
 
 # -- faults ----------------------------------------------------------------
