@@ -105,7 +105,7 @@ _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Requests per FCALL in a bulk append (runs of one session or several).
-_CHUNK = 256
+_CHUNK = 1000
 _U32 = struct.Struct(">I")
 # Called, when set, after an app delta is recorded and before it is applied
 # (cluster): tests stop a process there to check that another finishes it.
