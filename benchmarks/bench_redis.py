@@ -234,16 +234,22 @@ def bulk_rate(url: str, prefix: str, events: int, sessions: int = 1) -> float:
             gc.enable()
 
 
-def replay_rate(url: str, prefix: str) -> float:
+def replay_rate(url: str, prefix: str, reads: bool = True) -> float:
     """Return the events/s of append time a bulk replay of the bench trace reports.
 
-    The same path as ``sessionscope replay --store URL --batch 1000``: the
-    trace's calls in order, runs of appends sent through ``append_many``
-    (a read or a create of a session with pending appends sends the run
-    first), the collector paused, only the bulk calls timed.
+    The same path as ``sessionscope replay --store URL --batch 1000`` on a
+    trace of ``sessionscope generate --sessions 400`` (``--no-reads`` when
+    ``reads`` is false): the trace's calls in order, runs of appends sent
+    through ``append_many`` (any read sends the pending run first, so with
+    a read after every turn a run is one turn: about four events), the
+    collector paused, only the bulk calls timed.
     """
-    records = list(generate(TraceSpec(sessions=REPLAY_SESSIONS, seed=0)))
-    target = open_target(f"{url}?prefix={prefix}-replay")
+    spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0)
+    if not reads:
+        spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
+                         delete_fraction=0.0)  # fmt: skip
+    records = list(generate(spec))
+    target = open_target(f"{url}?prefix={prefix}-replay{'' if reads else '-writes'}")
     try:
         result = replay(target, records, batch=REPLAY_BATCH, verify_result=False,
                         progress=False)  # fmt: skip
@@ -274,10 +280,11 @@ async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
         results["bulk"] = bulk_rate(url, prefix, bulk_events)
         results["bulk interleaved"] = bulk_rate(url, prefix, bulk_events, sessions=50)
         results["replay"] = replay_rate(url, prefix)
+        results["replay writes"] = replay_rate(url, prefix, reads=False)
     finally:
         await ours.close()
         for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native", f"{prefix}-sync",
-                             f"{prefix}-replay"):  # fmt: skip
+                             f"{prefix}-replay", f"{prefix}-replay-writes"):  # fmt: skip
             RedisStore(url, prefix=store_prefix).destroy()
         client = theirs._get_redis()
         async for key in client.scan_iter(match=adk_prefix + "*"):
@@ -310,8 +317,10 @@ def report(results: dict[str, Any]) -> str:
     lines.append(f"append_many on one connection: {results['bulk']:,.0f} events/s "
                  f"(one session), {results['bulk interleaved']:,.0f} events/s "
                  "(50 sessions interleaved)")  # fmt: skip
-    lines.append(f"bulk replay of the {REPLAY_SESSIONS}-session bench trace, batches of "
-                 f"{REPLAY_BATCH:,}: {results['replay']:,.0f} events/s of append time")  # fmt: skip
+    lines.append(f"bulk replay of a {REPLAY_SESSIONS}-session trace, batches of "
+                 f"{REPLAY_BATCH:,}: {results['replay']:,.0f} events/s of append time "
+                 f"(a read after every turn), {results['replay writes']:,.0f} "
+                 "(--no-reads)")  # fmt: skip
     return "\n".join(lines)
 
 
