@@ -323,6 +323,35 @@ def test_an_append_refreshes_the_ttl(server: Any) -> None:
         assert got is not None and len(got.events) == 4
 
 
+def test_a_bulk_run_of_one_session_keeps_ttl_and_positions_after_a_truncation(
+    server: Any,
+) -> None:
+    """A batch of one session refreshes every key's expiry and, after a truncation, its positions."""
+    prefix = f"ttlb{uuid.uuid4().hex}"
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=300") as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        first = [ev(delta={"n": i, "user:seen": i}) for i in range(5)]
+        svc.append_many([(s, e) for e in first])
+        assert svc.truncate_events(app_name=APP, user_id=USER, session_id="s", keep_last=2) == 3
+        more = [ev(delta={"n": 10 + i}) for i in range(4)]
+        svc.append_many([(s, e) for e in more])
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None
+        assert event_ids(got) == [e.id for e in first[3:] + more]
+        assert got.state == {"n": 13, "user:seen": 4}
+        recent = svc.get_session(app_name=APP, user_id=USER, session_id="s",
+                                 config=GetSessionConfig(num_recent_events=3))  # fmt: skip
+        assert recent is not None and event_ids(recent) == [e.id for e in more[1:]]
+        client = redis.Redis(port=server.port) if not isinstance(server, RedisCluster) else None
+        if client is not None:
+            try:
+                # Every key of the user's slot (the session's and the user's) expires.
+                ttls = [client.ttl(key) for key in keys_of(server, prefix) if b":{u" in key]
+                assert len(ttls) == 10 and all(0 < t <= 300 for t in ttls)
+            finally:
+                client.close()
+
+
 # -- retries, library, async -----------------------------------------------
 
 

@@ -374,63 +374,103 @@ local function append_one(call, s, args, pos)
         redis.call('HGET', rec_key, 'c'), known}, after
 end
 
--- The common single append, in straight code: the session exists, the copy
--- is current (or the append locked), the event id is new and no catch-up is
--- asked. Returns nil, having written nothing, for anything else: the
--- general path then decides it (a repeat, a refusal). (Lua's own work, tables above all,
--- costs more here than the Redis calls.) Arguments as for append, with one
--- session, one run and one request.
-local function append_alone(keys, args, ttl)
-    local flags = tonumber(args[12])
-    local n_session, n_user, app_blob = tonumber(args[16]), tonumber(args[17]), args[18]
-    if bit.band(flags, CATCH_UP) ~= 0 or n_session + n_user > CHUNK then
-        return nil
+-- The common accepted append of one session, in straight code: one
+-- request (the session exists, the copy is current or the append locked,
+-- the event id is new, no catch-up), or a run of locked requests without
+-- catch-up (a bulk append of one session) whose ids are all new. Returns
+-- nil, having written nothing, for anything else: the general path then
+-- decides it (a repeat, a refusal, a catch-up). Lua's own work, tables above
+-- all, costs more in a function than the Redis calls, hence this path.
+-- Arguments as for append, with one session and one run of `total`.
+local function append_straight(keys, args, ttl, total)
+    local starts, pos = {}, 9
+    for i = 1, total do
+        local flags = tonumber(args[pos + 3])
+        if bit.band(flags, CATCH_UP) ~= 0 or (total > 1 and bit.band(flags, LOCKED) == 0) then
+            return nil
+        end
+        starts[i] = pos
+        pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
     end
     local rec_key, ids_key = keys[2], keys[4]
     local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
-    local number, event_id = head[1], args[9]
+    local number = head[1]
     if not number then
         return nil
     end
     local count, removed = tonumber(head[3]), tonumber(head[5] or '0')
-    if bit.band(flags, LOCKED) == 0 then
-        if bit.band(flags, HAS_MARKER) ~= 0 then
-            if args[13] ~= marker_of(number, count, removed) then
+    if total == 1 then
+        local flags = tonumber(args[12])
+        if bit.band(flags, LOCKED) == 0 then
+            if bit.band(flags, HAS_MARKER) ~= 0 then
+                if args[13] ~= marker_of(number, count, removed) then
+                    return nil
+                end
+            else
+                local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[15] or false
+                if tonumber(head[2]) > tonumber(args[14]) and head[4] ~= caller then
+                    return nil
+                end
+            end
+        end
+        -- The id index entry goes first: it is also the check that the id is new.
+        if redis.call('HSETNX', ids_key, args[9], tostring(count)) == 0 then
+            return nil
+        end
+    else
+        local ids, seen = {}, {}
+        for i = 1, total do
+            local id = args[starts[i]]
+            if seen[id] then
                 return nil
             end
-        else
-            local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[15] or false
-            if tonumber(head[2]) > tonumber(args[14]) and head[4] ~= caller then
+            seen[id], ids[i] = true, id
+        end
+        local stored = redis.call('HMGET', ids_key, unpack(ids))
+        for i = 1, total do
+            if stored[i] then
                 return nil
             end
         end
     end
-    local field, ts = tostring(count), args[10]
-    -- The id index entry goes first: it is also the check that the id is new.
-    if redis.call('HSETNX', ids_key, event_id, field) == 0 then
-        return nil
-    end
-    redis.call('HSET', keys[3], field, args[11])
-    redis.call('ZADD', keys[5], ts, field)
-    redis.call('HSET', keys[8], field, event_id)
-    if removed > 0 then
-        redis.call('ZADD', keys[7], field, field)
-    end
-    if n_session > 0 then
-        redis.call('HSET', keys[6], unpack(args, 19, 18 + 2 * n_session))
-    end
-    if n_user > 0 then
-        redis.call('HSET', keys[9], unpack(args, 19 + 2 * n_session, 18 + 2 * (n_session + n_user)))
-    end
+    local ev, id_pairs, tm, names, kept, st, ust = {}, {}, {}, {}, {}, {}, {}
     local app_key, pend_key = keys[13], keys[11]
-    if app_blob ~= '' then
-        if app_key then
-            hset_blob(app_key, app_blob)
-        else
-            record_pending(pend_key, number .. ':' .. event_id, app_blob)
+    local results, event_id, ts = {}, nil, nil
+    for i = 1, total do
+        local p = starts[i]
+        local n_session, n_user, app_blob = tonumber(args[p + 7]), tonumber(args[p + 8]), args[p + 9]
+        local field = tostring(count)
+        event_id, ts = args[p], args[p + 1]
+        local n = #ev
+        ev[n + 1], ev[n + 2] = field, args[p + 2]
+        id_pairs[n + 1], id_pairs[n + 2] = event_id, field
+        tm[n + 1], tm[n + 2] = ts, field
+        names[n + 1], names[n + 2] = field, event_id
+        if removed > 0 then
+            kept[n + 1], kept[n + 2] = field, field
         end
+        push_pairs(st, args, p + 10, n_session)
+        push_pairs(ust, args, p + 10 + 2 * n_session, n_user)
+        if app_blob ~= '' then
+            if app_key then
+                hset_blob(app_key, app_blob)
+            else
+                record_pending(pend_key, number .. ':' .. event_id, app_blob)
+            end
+        end
+        count = count + 1
+        results[i] = count
     end
-    redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count + 1), 'l', event_id)
+    put('HSET', keys[3], ev)
+    if total > 1 then
+        put('HSET', ids_key, id_pairs)
+    end
+    put('ZADD', keys[5], tm)
+    put('HSET', keys[8], names)
+    put('ZADD', keys[7], kept)
+    put('HSET', keys[6], st)
+    put('HSET', keys[9], ust)
+    redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count), 'l', event_id)
     redis.call('ZADD', keys[10], ts, args[6])
     if ttl > 0 then
         expire_all(ttl, {rec_key, keys[3], ids_key, keys[5], keys[6], keys[7], keys[8], keys[9],
@@ -440,7 +480,7 @@ local function append_alone(keys, args, ttl)
     if not app_key then
         pending = pending_of(pend_key)
     end
-    return {{{{count + 1}, number, removed}}, pending}
+    return {{{results, number, removed}}, pending}
 end
 
 -- KEYS: the batch's guard, then per session of the call: record, events,
@@ -464,8 +504,8 @@ local function append(keys, args)
         -- An earlier part of this batch failed: nothing after it is tried.
         return {out, {}}
     end
-    if n_sessions == 1 and n_runs == 1 and args[8] == '1' then
-        local reply = append_alone(keys, args, ttl)
+    if n_sessions == 1 and n_runs == 1 then
+        local reply = append_straight(keys, args, ttl, tonumber(args[8]))
         if reply then
             return reply
         end
