@@ -326,7 +326,7 @@ def test_an_append_refreshes_the_ttl(server: Any) -> None:
 def test_a_bulk_run_of_one_session_keeps_ttl_and_positions_after_a_truncation(
     server: Any,
 ) -> None:
-    """A batch of one session refreshes every key's expiry and, after a truncation, its positions."""
+    """A batch of one session refreshes every key's expiry, and its positions after a truncation."""
     prefix = f"ttlb{uuid.uuid4().hex}"
     with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=300") as svc:
         s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
