@@ -2,12 +2,15 @@
 
 As a script, printing median times (microseconds) per operation at 10, 100 and
 1,000 events per session, the ratio of ADK's time to ours, a bare FCALL round
-trip (async and sync) and the bulk append rate (one session, and fifty
-interleaved as in a replayed trace), all measured in the same run on the same
+trip (async and sync), the bulk append rate (one session, and fifty
+interleaved) and the rate of a replay of a generated 400-session trace in
+batches of 1,000 (what ``sessionscope replay --store redis://... --batch 1000``
+reports as events/s of append time), all measured in the same run on the same
 redis-server::
 
     python benchmarks/bench_redis.py                      # starts its own redis-server
     python benchmarks/bench_redis.py --url redis://127.0.0.1:6379/0
+    python benchmarks/bench_redis.py --same-cpu 1         # server and client on CPU 1
 
 Both services are driven through their async API (ADK's is async only). Our
 store runs under its own key prefix and ADK's under its own, and both are
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import shutil
 import socket
 import statistics
@@ -44,11 +48,16 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
+from sessionscope.replay import open_target, replay
 from sessionscope.stores.redis import RedisStore
+from sessionscope.trace import TraceSpec, generate
 
 APP, USER = "bench", "user"
 LENGTHS = (10, 100, 1000)
 SESSIONS_PER_USER = 10
+# The trace of `sessionscope bench`: 400 sessions over 2 apps of 50 users each.
+REPLAY_SESSIONS = 400
+REPLAY_BATCH = 1000
 
 
 def _free_port() -> int:
@@ -58,14 +67,18 @@ def _free_port() -> int:
         return port
 
 
-def start_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a redis-server with its default persistence off (both sides alike)."""
+def start_server(directory: Path, cpu: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a redis-server with its default persistence off (both sides alike).
+
+    With ``cpu`` the server runs on that CPU only.
+    """
     port = _free_port()
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no", "--dir", str(directory)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
     )  # fmt: skip
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -221,6 +234,30 @@ def bulk_rate(url: str, prefix: str, events: int, sessions: int = 1) -> float:
             gc.enable()
 
 
+def replay_rate(url: str, prefix: str, reads: bool = True) -> float:
+    """Return the events/s of append time a bulk replay of the bench trace reports.
+
+    The same path as ``sessionscope replay --store URL --batch 1000`` on a
+    trace of ``sessionscope generate --sessions 400`` (``--no-reads`` when
+    ``reads`` is false): the trace's calls in order, runs of appends sent
+    through ``append_many`` (any read sends the pending run first, so with
+    a read after every turn a run is one turn: about four events), the
+    collector paused, only the bulk calls timed.
+    """
+    spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0)
+    if not reads:
+        spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
+                         delete_fraction=0.0)  # fmt: skip
+    records = list(generate(spec))
+    target = open_target(f"{url}?prefix={prefix}-replay{'' if reads else '-writes'}")
+    try:
+        result = replay(target, records, batch=REPLAY_BATCH, verify_result=False,
+                        progress=False)  # fmt: skip
+    finally:
+        target.close()
+    return result.events_per_s
+
+
 async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     adk_prefix = f"adkbench{uuid.uuid4().hex[:8]}:"
@@ -242,9 +279,12 @@ async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
         )
         results["bulk"] = bulk_rate(url, prefix, bulk_events)
         results["bulk interleaved"] = bulk_rate(url, prefix, bulk_events, sessions=50)
+        results["replay"] = replay_rate(url, prefix)
+        results["replay writes"] = replay_rate(url, prefix, reads=False)
     finally:
         await ours.close()
-        for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native", f"{prefix}-sync"):
+        for store_prefix in (prefix, f"{prefix}-bulk", f"{prefix}-native", f"{prefix}-sync",
+                             f"{prefix}-replay", f"{prefix}-replay-writes"):  # fmt: skip
             RedisStore(url, prefix=store_prefix).destroy()
         client = theirs._get_redis()
         async for key in client.scan_iter(match=adk_prefix + "*"):
@@ -277,6 +317,10 @@ def report(results: dict[str, Any]) -> str:
     lines.append(f"append_many on one connection: {results['bulk']:,.0f} events/s "
                  f"(one session), {results['bulk interleaved']:,.0f} events/s "
                  "(50 sessions interleaved)")  # fmt: skip
+    lines.append(f"bulk replay of a {REPLAY_SESSIONS}-session trace, batches of "
+                 f"{REPLAY_BATCH:,}: {results['replay']:,.0f} events/s of append time "
+                 f"(a read after every turn), {results['replay writes']:,.0f} "
+                 "(--no-reads)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -285,6 +329,12 @@ def main() -> None:
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--rounds", type=int, default=60, help="timed calls per operation")
     parser.add_argument("--bulk-events", type=int, default=50_000)
+    parser.add_argument(
+        "--same-cpu", type=int, metavar="CPU",
+        help="run the started redis-server and this process on one CPU (Linux): a round "
+        "trip then costs no wake-up of another core, which on a small VM can add "
+        "tens of microseconds and varies from run to run",
+    )  # fmt: skip
     args = parser.parse_args()
     proc = None
     directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
@@ -293,7 +343,9 @@ def main() -> None:
         if url is None:
             if shutil.which("redis-server") is None:
                 raise SystemExit("redis-server is not installed; give --url")
-            proc, url = start_server(directory)
+            proc, url = start_server(directory, args.same_cpu)
+        if args.same_cpu is not None:
+            os.sched_setaffinity(0, {args.same_cpu})
         results = asyncio.run(run(url, args.rounds, args.bulk_events))
         print(report(results))
     finally:

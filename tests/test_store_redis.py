@@ -7,6 +7,7 @@ The contract itself runs on Redis through the parametrized suites
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,12 @@ import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
 from sessionscope import GetSessionConfig, SessionService, SyncSessionService
-from sessionscope.errors import IncompatibleStoreError, SessionNotFoundError, StoreError
+from sessionscope.errors import (
+    DuplicateEventError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StoreError,
+)
 from sessionscope.stores import open_store
 from sessionscope.stores.base import AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
@@ -317,6 +323,35 @@ def test_an_append_refreshes_the_ttl(server: Any) -> None:
         assert got is not None and len(got.events) == 4
 
 
+def test_a_bulk_run_of_one_session_keeps_ttl_and_positions_after_a_truncation(
+    server: Any,
+) -> None:
+    """A batch of one session refreshes every key's expiry, and its positions after a truncation."""
+    prefix = f"ttlb{uuid.uuid4().hex}"
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=300") as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        first = [ev(delta={"n": i, "user:seen": i}) for i in range(5)]
+        svc.append_many([(s, e) for e in first])
+        assert svc.truncate_events(app_name=APP, user_id=USER, session_id="s", keep_last=2) == 3
+        more = [ev(delta={"n": 10 + i}) for i in range(4)]
+        svc.append_many([(s, e) for e in more])
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert got is not None
+        assert event_ids(got) == [e.id for e in first[3:] + more]
+        assert got.state == {"n": 13, "user:seen": 4}
+        recent = svc.get_session(app_name=APP, user_id=USER, session_id="s",
+                                 config=GetSessionConfig(num_recent_events=3))  # fmt: skip
+        assert recent is not None and event_ids(recent) == [e.id for e in more[1:]]
+        client = redis.Redis(port=server.port) if not isinstance(server, RedisCluster) else None
+        if client is not None:
+            try:
+                # Every key of the user's slot (the session's and the user's) expires.
+                ttls = [client.ttl(key) for key in keys_of(server, prefix) if b":{u" in key]
+                assert len(ttls) == 10 and all(0 < t <= 300 for t in ttls)
+            finally:
+                client.close()
+
+
 # -- retries, library, async -----------------------------------------------
 
 
@@ -343,17 +378,60 @@ def test_a_retried_append_is_a_no_op(uri: str) -> None:
         store.close()
 
 
-def append_calls(server: Any) -> int:
-    """Return how many append FCALLs the server (every node) has run since its start."""
+def test_a_stored_id_sent_with_the_current_marker_writes_nothing(uri: str) -> None:
+    """A repeat that passes the marker check is still a repeat, or refused, and changes nothing.
+
+    (The append function's straight path for a single append takes the id
+    index entry first: a taken id sends the request the general way.)
+    """
+    store = open_store(uri)
+    try:
+        svc = SyncSessionService(store)
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        event = ev(delta={"k": 1})
+        svc.append_event(s, event)
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert stored is not None
+
+        def again(record: bytes, delta: int) -> AppendRequest:
+            return AppendRequest(
+                APP, USER, "s", event.id, event.timestamp + 1, record,
+                session_items=[("k", bytes([delta]))], marker=s.revision,
+            )  # fmt: skip
+
+        same = svc._core.model.encode_event(event)
+        assert store.append(again(same, 9)).result().duplicate
+        other = svc._core.model.encode_event(ev(delta={"k": 2}))
+        with pytest.raises(DuplicateEventError):
+            store.append(again(other, 8)).result()
+        after = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert after is not None and event_ids(after) == [event.id]
+        assert after.state == {"k": 1} and after.revision == stored.revision
+        assert after.last_update_time == stored.last_update_time
+    finally:
+        store.close()
+
+
+def command_calls(server: Any, command: str) -> int:
+    """Return how many times the server (every node) has run a command since its start.
+
+    Commands a function issues count too (``redis.call``).
+    """
     nodes = server.servers if isinstance(server, RedisCluster) else [server]
     total = 0
     for node in nodes:
         client = redis.Redis(port=node.port)
         try:
-            total += int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+            stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+            total += int(stats.get("calls", 0))
         finally:
             client.close()
     return total
+
+
+def append_calls(server: Any) -> int:
+    """Return how many append FCALLs the server (every node) has run since its start."""
+    return command_calls(server, "fcall")
 
 
 def test_a_batch_interleaving_sessions_takes_few_calls_and_stops_at_a_refusal(
@@ -372,18 +450,52 @@ def test_a_batch_interleaving_sessions_takes_few_calls_and_stops_at_a_refusal(
             assert stored is not None and len(stored.events) == 100
             assert event_ids(stored) == [e.id for s, e in batch if s is live]
             assert stored.state == {"n": 297 + i} and stored.revision == live.revision
-        # 300 runs of one event each, up to 256 requests per call.
-        assert calls == 2
+        # 300 runs of one event each, up to 1,000 requests per call.
+        assert calls == 1
         ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
         svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
         first, second, after = ev(delta={"n": -1}), ev(delta={"n": -2}), ev(delta={"n": -3})
+        # Long enough for two pipelined calls: the refusal in the first stops the second.
+        tail = [(sessions[i % 3], ev(delta={"n": 1000 + i})) for i in range(1100)]
+        calls = append_calls(server)
         with pytest.raises(SessionNotFoundError):
             svc.append_many([(sessions[0], first), (sessions[1], second), (ghost, ev()),
-                             (sessions[2], after), *batch[:3]])  # fmt: skip
+                             (sessions[2], after), *tail])  # fmt: skip
+        assert append_calls(server) - calls == 2
         got = [svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(3)]
         assert all(g is not None for g in got)
         assert [len(g.events) for g in got if g is not None] == [101, 101, 100]
         assert [g.state["n"] for g in got if g is not None] == [-1, -2, 299]
+
+
+def test_a_batch_interleaving_sessions_reads_each_session_once_per_call(
+    server: Any, uri: str
+) -> None:
+    """A call reads each session's record and ids once, and its user map ends at the last write."""
+    with SyncSessionService(uri) as svc:
+        sessions = [svc.create_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+                    for i in range(4)]  # fmt: skip
+        batch = [(sessions[i % 4], ev(delta={"n": i, "user:last": i})) for i in range(200)]
+        reads = command_calls(server, "hmget")
+        calls = append_calls(server)
+        svc.append_many(batch)
+        calls = append_calls(server) - calls
+        # 200 runs of one event, in one call: a record read and an id read
+        # per session, not per run.
+        assert calls == 1
+        assert command_calls(server, "hmget") - reads == 2 * 4
+        assert svc.get_user_state(app_name=APP, user_id=USER) == {"last": 199}
+        for i, live in enumerate(sessions):
+            stored = svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+            assert stored is not None and stored.revision == live.revision
+            assert event_ids(stored) == [e.id for s, e in batch if s is live]
+            assert stored.state["n"] == 196 + i and stored.state["user:last"] == 199
+        # Repeated in one call, every request is a repeat and nothing moves.
+        before = [s.revision for s in sessions]
+        svc.append_many(batch[:8])
+        again = [svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(4)]
+        assert [g.revision for g in again if g is not None] == before
+        assert [len(g.events) for g in again if g is not None] == [50] * 4
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:
@@ -435,6 +547,40 @@ def test_a_cancelled_async_append_still_lands_and_matches(uri: str) -> None:
 
     stored, live = asyncio.run(scenario())
     assert stored == live
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
+def test_an_append_cancelled_at_any_step_is_whole_or_absent_and_matches(
+    uri: str, steps: int
+) -> None:
+    """Cancelled after any number of loop steps, an append lands whole or not at all.
+
+    The live session matches the store either way, and the store still serves
+    the loop (the connection is not left mid-reply).
+    """
+
+    async def scenario() -> None:
+        async with SessionService(uri) as asvc:
+            sid = f"s{steps}"
+            s = await asvc.create_session(app_name=APP, user_id=USER, session_id=sid)
+            for round_ in range(3):
+                event = ev(delta={"k": round_, "user:seen": round_})
+                task = asyncio.ensure_future(asvc.append_event(s, event))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                got = await asvc.get_session(app_name=APP, user_id=USER, session_id=sid)
+                assert got is not None
+                assert event_ids(got) == event_ids(s)
+                assert got.state == s.state and got.revision == s.revision
+            after = ev(delta={"k": "after"})
+            await asvc.append_event(s, after)
+            got = await asvc.get_session(app_name=APP, user_id=USER, session_id=sid)
+            assert got is not None and event_ids(got)[-1] == after.id
+
+    asyncio.run(scenario())
 
 
 # -- faults ----------------------------------------------------------------

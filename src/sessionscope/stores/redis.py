@@ -100,12 +100,12 @@ FORMAT_VERSION = 1
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_2"
+LIBRARY = "sessionscope_3"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Requests per FCALL in a bulk append (runs of one session or several).
-_CHUNK = 256
+_CHUNK = 1000
 _U32 = struct.Struct(">I")
 # Called, when set, after an app delta is recorded and before it is applied
 # (cluster): tests stop a process there to check that another finishes it.
@@ -552,18 +552,29 @@ class _Operations:
         )
 
     def _call(self, runs: list[list[AppendRequest]], guard: bytes, guarded: bool) -> Command:
-        """Return the FCALL appending runs of requests, each run to one session."""
+        """Return the FCALL appending runs of requests, each run to one session.
+
+        Each session's keys and id travel once per call, however many runs
+        of it the call has (a batch interleaving sessions has many).
+        """
         keys: list[Any] = []
+        sids: list[str] = []
+        numbers: dict[tuple[str, str, str], int] = {}
         args: list[Any] = []
         for run in runs:
             first = run[0]
-            keys += self._append_keys(first.app_name, first.user_id, first.session_id)
-            args += (first.session_id, len(run))
+            ident = (first.app_name, first.user_id, first.session_id)
+            number = numbers.get(ident)
+            if number is None:
+                number = numbers[ident] = len(sids) + 1
+                keys += self._append_keys(*ident)
+                sids.append(first.session_id)
+            args += (number, len(run))
             for request in run:
                 _request_args(request, args)
         return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
-                1 if guarded else 0, self.settings.ttl, len(runs), len(keys) // len(runs),
-                *args)  # fmt: skip
+                1 if guarded else 0, self.settings.ttl, len(sids), len(keys) // len(sids),
+                len(runs), *sids, *args)  # fmt: skip
 
     def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
         """Decode one request's result; raise its refusal as ``check_append`` words it.

@@ -1,5 +1,5 @@
-#!lua name=sessionscope_2
--- The server side of sessionscope's Redis store (library format 2).
+#!lua name=sessionscope_3
+-- The server side of sessionscope's Redis store (library version 3).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -164,26 +164,74 @@ local function events_seen(flags, marker, last_id, number, ids_key)
     return tonumber(seq) + 1
 end
 
--- An append's writes, gathered per key and issued together (one HSET or
--- ZADD per key) when the call ends or before anything reads them back.
-local function new_writes()
-    return {ev = {}, ids = {}, tm = {}, names = {}, pos = {}, st = {}, ust = {}}
-end
-
+-- Writes are gathered per key and issued together (one HSET or ZADD per key
+-- and call) when the call ends or before anything reads them back: a bulk
+-- call that interleaves sessions pays a few calls per session, not per event.
 local function put(command, key, list)
     for i = 1, #list, 2 * CHUNK do
         redis.call(command, key, unpack(list, i, math.min(#list, i + 2 * CHUNK - 1)))
     end
 end
 
-local function flush_writes(w, keys)
-    put('HSET', keys[2], w.ev)
-    put('HSET', keys[3], w.ids)
-    put('ZADD', keys[4], w.tm)
-    put('HSET', keys[5], w.st)
-    put('HSET', keys[7], w.names)
-    put('ZADD', keys[6], w.pos)
-    put('HSET', keys[8], w.ust)
+local function new_writes()
+    return {ev = {}, ids = {}, tm = {}, names = {}, pos = {}, st = {}}
+end
+
+-- One session of an append call: its keys (record, events, ids, times,
+-- state, positions, names, user state, index, pending, counter[, app
+-- state]), its record as the call changes it, and its writes not yet issued.
+local function open_session(keys, sid)
+    return {keys = keys, sid = sid, ids = {}, stored_seq = {}, new_seq = {}, new_event = {},
+        w = new_writes(), wrote = false}
+end
+
+-- Reads a session's record and the stored seq of every event id the call
+-- names for it: two calls however many requests the call has for it.
+local function read_session(s)
+    local head = redis.call('HMGET', s.keys[1], 'n', 'u', 'k', 'l', 'r')
+    s.number, s.updated, s.count, s.last = head[1], head[2], tonumber(head[3]), head[4]
+    s.removed = tonumber(head[5] or '0')
+    if not s.number then
+        return
+    end
+    local ids, total = s.ids, #s.ids
+    for i = 1, total, CHUNK do
+        local part = redis.call('HMGET', s.keys[3], unpack(ids, i, math.min(total, i + CHUNK - 1)))
+        for j = 1, #part do
+            if part[j] then
+                s.stored_seq[ids[i + j - 1]] = part[j]
+            end
+        end
+    end
+end
+
+-- Issues every gathered write of the call: the sessions' keys, then the
+-- user maps (each map's items in request order, so the latest value wins).
+local function flush_call(call)
+    for _, s in ipairs(call.sessions) do
+        local w, keys = s.w, s.keys
+        put('HSET', keys[2], w.ev)
+        put('HSET', keys[3], w.ids)
+        put('ZADD', keys[4], w.tm)
+        put('HSET', keys[5], w.st)
+        put('HSET', keys[7], w.names)
+        put('ZADD', keys[6], w.pos)
+        s.w = new_writes()
+    end
+    for _, key in ipairs(call.user_keys) do
+        put('HSET', key, call.user_items[key])
+        call.user_items[key] = {}
+    end
+end
+
+local function user_items(call, key)
+    local list = call.user_items[key]
+    if not list then
+        list = {}
+        call.user_items[key] = list
+        call.user_keys[#call.user_keys + 1] = key
+    end
+    return list
 end
 
 -- Listing index entries an append call touches, written by one ZADD per
@@ -228,184 +276,275 @@ local function push_pairs(list, args, first, n)
     end
 end
 
--- Appends one run of requests to one session. keys: record, events, ids,
--- times, state, positions, names, user state, index, pending, counter,
--- app state (nil on a cluster). The run's arguments start at args[at]: sid,
--- request count, then per request: event id, timestamp, event, flags,
--- marker, caller time, caller last id, session item count, user item count,
--- app items blob, then the item pairs.
--- Returns {results, number, removed} and whether a request was refused:
--- one result per request tried, and the session's number and truncated
--- count. An accepted append without catch-up is the session's event count
--- after it (the client builds the marker from it, and the time is the one it
--- sent); the other results are tables: {'dup'}, {'no', record, stored
--- event} or a catch-up's.
-local function append_run(keys, args, at, ttl, index)
+-- Tries one request on session s. Its arguments start at args[pos]: event
+-- id, timestamp, event, flags, marker, caller time, caller last id, session
+-- item count, user item count, app items blob, then the item pairs.
+-- Returns the result and where the next request starts. An accepted append
+-- without catch-up is the session's event count after it (the client builds
+-- the marker from it, and the time is the one it sent); the other results
+-- are tables: {'dup'}, {'no', record, stored event} or a catch-up's.
+local function append_one(call, s, args, pos)
+    local keys = s.keys
     local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
-    local ust_key, idx_key, pend_key, app_key = keys[8], keys[9], keys[10], keys[12]
-    local sid, total = args[at], tonumber(args[at + 1])
-    local results = {}
-    local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
-    local number, updated, count, last = head[1], head[2], tonumber(head[3]), head[4]
-    local removed = tonumber(head[5] or '0')
-    local w = new_writes()
-    local wrote = false
-    -- The stored seq of every event id of this call, read in one HMGET, and
-    -- the seq and bytes of the ids this call appends.
-    local stored_seq, new_seq, new_event = {}, {}, {}
-    if number then
-        local ids, p = {}, at + 2
-        for i = 1, total do
-            ids[i] = args[p]
-            p = p + 10 + 2 * (tonumber(args[p + 7]) + tonumber(args[p + 8]))
-        end
-        for i = 1, total, CHUNK do
-            local part = redis.call('HMGET', ids_key, unpack(ids, i, math.min(total, i + CHUNK - 1)))
-            for j = 1, #part do
-                if part[j] then
-                    stored_seq[ids[i + j - 1]] = part[j]
-                end
-            end
+    local ust_key, pend_key, app_key = keys[8], keys[10], keys[12]
+    local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
+    local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
+    local items = pos + 10
+    local after = items + 2 * (n_session + n_user)
+    local number = s.number
+    local refusal = nil
+    if not number then
+        return {'no', false, false}, after
+    end
+    local stored = s.new_event[event_id]
+    local seq = s.new_seq[event_id]
+    if not seq then
+        seq = s.stored_seq[event_id]
+        if seq then
+            stored = redis.call('HGET', ev_key, seq)
         end
     end
-    local pos = at + 2
-    local refused = false
-    for _ = 1, total do
-        local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
-        local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
-        local items = pos + 10
-        local base = pos
-        pos = items + 2 * (n_session + n_user)
-        local refusal = nil
-        if not number then
-            refusal = {'no', false, false}
+    if seq then
+        if stored == event then
+            return {'dup'}, after
+        end
+        refusal = {'no', false, stored}
+    elseif bit.band(flags, LOCKED) == 0 then
+        if bit.band(flags, HAS_MARKER) ~= 0 then
+            if args[pos + 4] ~= marker_of(number, s.count, s.removed) then
+                refusal = {'no', false, false}
+            end
         else
-            local stored = new_event[event_id]
-            local seq = new_seq[event_id]
-            if not seq then
-                seq = stored_seq[event_id]
-                if seq then
-                    stored = redis.call('HGET', ev_key, seq)
-                end
-            end
-            if seq then
-                if stored == event then
-                    results[#results + 1] = {'dup'}
-                else
-                    refusal = {'no', false, stored}
-                end
-            elseif bit.band(flags, LOCKED) == 0 then
-                if bit.band(flags, HAS_MARKER) ~= 0 then
-                    if args[base + 4] ~= marker_of(number, count, removed) then
-                        refusal = {'no', false, false}
-                    end
-                else
-                    -- A copy built by hand: stale only if the store is newer
-                    -- and its last event is not the copy's last event.
-                    local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[base + 6] or false
-                    if tonumber(updated) > tonumber(args[base + 5]) and last ~= caller then
-                        refusal = {'no', false, false}
-                    end
-                end
-            end
-            if not refusal and not seq then
-                local known = nil
-                local catch_up = bit.band(flags, CATCH_UP) ~= 0
-                if catch_up then
-                    flush_writes(w, keys)
-                    w = new_writes()
-                    known = events_seen(flags, args[base + 4], args[base + 6], number, ids_key)
-                end
-                local before = count
-                push_pairs(w.st, args, items, n_session)
-                push_pairs(w.ust, args, items + 2 * n_session, n_user)
-                if app_blob ~= '' then
-                    if app_key then
-                        hset_blob(app_key, app_blob)
-                    else
-                        record_pending(pend_key, number .. ':' .. event_id, app_blob)
-                    end
-                end
-                local field = tostring(count)
-                local ev, ids, tm, names = w.ev, w.ids, w.tm, w.names
-                local n = #ev
-                ev[n + 1], ev[n + 2] = field, event
-                ids[n + 1], ids[n + 2] = event_id, field
-                tm[n + 1], tm[n + 2] = ts, field
-                names[n + 1], names[n + 2] = field, event_id
-                if removed > 0 then
-                    local p = w.pos
-                    p[#p + 1], p[#p + 2] = field, field
-                end
-                new_seq[event_id], new_event[event_id] = field, event
-                count, updated, last, wrote = count + 1, ts, event_id, true
-                if catch_up then
-                    flush_writes(w, keys)
-                    w = new_writes()
-                    local replace = 0
-                    if known == nil then
-                        known, replace = 0, 1
-                    end
-                    results[#results + 1] = {'ok', marker_of(number, count, removed), count, ts,
-                        replace, events_of(ev_key, positions(pos_key, removed, known, before - 1)),
-                        redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
-                        app_key and redis.call('HGETALL', app_key) or false,
-                        redis.call('HGET', rec_key, 'c'), known}
-                else
-                    results[#results + 1] = count
-                end
+            -- A copy built by hand: stale only if the store is newer
+            -- and its last event is not the copy's last event.
+            local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[pos + 6] or false
+            if tonumber(s.updated) > tonumber(args[pos + 5]) and s.last ~= caller then
+                refusal = {'no', false, false}
             end
         end
-        if refusal then
-            if number then
-                local rec = read_record(rec_key)
-                rec[6], rec[7], rec[8], rec[9] = updated, tostring(count), last, tostring(removed)
-                refusal[2] = rec
-            end
-            results[#results + 1] = refusal
-            refused = true
-            break
+    end
+    if refusal then
+        local rec = read_record(rec_key)
+        rec[6], rec[7], rec[8], rec[9] = s.updated, tostring(s.count), s.last, tostring(s.removed)
+        refusal[2] = rec
+        return refusal, after
+    end
+    local known = nil
+    local catch_up = bit.band(flags, CATCH_UP) ~= 0
+    if catch_up then
+        flush_call(call)
+        known = events_seen(flags, args[pos + 4], args[pos + 6], number, ids_key)
+    end
+    local before = s.count
+    local w = s.w
+    push_pairs(w.st, args, items, n_session)
+    push_pairs(user_items(call, ust_key), args, items + 2 * n_session, n_user)
+    if app_blob ~= '' then
+        if app_key then
+            hset_blob(app_key, app_blob)
+        else
+            record_pending(pend_key, number .. ':' .. event_id, app_blob)
         end
     end
-    flush_writes(w, keys)
-    if wrote then
-        redis.call('HSET', rec_key, 'u', updated, 'k', tostring(count), 'l', last)
-        note_index(index, idx_key, updated, sid)
-        expire_all(ttl, {rec_key, ev_key, ids_key, keys[4], st_key, pos_key, keys[7], ust_key,
-            pend_key, keys[11]})
+    local field = tostring(s.count)
+    local ev, ids, tm, names = w.ev, w.ids, w.tm, w.names
+    local n = #ev
+    ev[n + 1], ev[n + 2] = field, event
+    ids[n + 1], ids[n + 2] = event_id, field
+    tm[n + 1], tm[n + 2] = ts, field
+    names[n + 1], names[n + 2] = field, event_id
+    if s.removed > 0 then
+        local p = w.pos
+        p[#p + 1], p[#p + 2] = field, field
     end
-    return {results, number or false, removed}, refused, pos
+    s.new_seq[event_id], s.new_event[event_id] = field, event
+    s.count, s.updated, s.last, s.wrote = s.count + 1, ts, event_id, true
+    if not catch_up then
+        return s.count, after
+    end
+    flush_call(call)
+    local replace = 0
+    if known == nil then
+        known, replace = 0, 1
+    end
+    return {'ok', marker_of(number, s.count, s.removed), s.count, ts, replace,
+        events_of(ev_key, positions(pos_key, s.removed, known, before - 1)),
+        redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
+        app_key and redis.call('HGETALL', app_key) or false,
+        redis.call('HGET', rec_key, 'c'), known}, after
 end
 
--- KEYS: the batch's guard, then per run: record, events, ids, times, state,
---       positions, names, user state, index, pending, counter[, app state]
--- ARGV: guarded (1 in a batch), ttl, run count, keys per run, then per run
---   its arguments (see append_run).
--- Runs of several sessions in one call: a bulk append that interleaves
--- sessions pays one call, not one per run. Every run's keys share a slot on
--- a cluster (one user's runs). Returns {runs, pending}: the result of each
--- run tried (a refusal ends the call, and in a batch marks its guard so that
--- the calls after it append nothing), and the pending app deltas of the last
--- run's user (cluster mode) for the client to finish.
+-- The common accepted append of one session, in straight code: one
+-- request (the session exists, the copy is current or the append locked,
+-- the event id is new, no catch-up), or a run of locked requests without
+-- catch-up (a bulk append of one session) whose ids are all new. Returns
+-- nil, having written nothing, for anything else: the general path then
+-- decides it (a repeat, a refusal, a catch-up). Lua's own work, tables above
+-- all, costs more in a function than the Redis calls, hence this path.
+-- Arguments as for append, with one session and one run of `total`.
+local function append_straight(keys, args, ttl, total)
+    local starts, pos = {}, 9
+    for i = 1, total do
+        local flags = tonumber(args[pos + 3])
+        if bit.band(flags, CATCH_UP) ~= 0 or (total > 1 and bit.band(flags, LOCKED) == 0) then
+            return nil
+        end
+        starts[i] = pos
+        pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
+    end
+    local rec_key, ids_key = keys[2], keys[4]
+    local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
+    local number = head[1]
+    if not number then
+        return nil
+    end
+    local count, removed = tonumber(head[3]), tonumber(head[5] or '0')
+    if total == 1 then
+        local flags = tonumber(args[12])
+        if bit.band(flags, LOCKED) == 0 then
+            if bit.band(flags, HAS_MARKER) ~= 0 then
+                if args[13] ~= marker_of(number, count, removed) then
+                    return nil
+                end
+            else
+                local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[15] or false
+                if tonumber(head[2]) > tonumber(args[14]) and head[4] ~= caller then
+                    return nil
+                end
+            end
+        end
+        -- The id index entry goes first: it is also the check that the id is new.
+        if redis.call('HSETNX', ids_key, args[9], tostring(count)) == 0 then
+            return nil
+        end
+    else
+        local ids, seen = {}, {}
+        for i = 1, total do
+            local id = args[starts[i]]
+            if seen[id] then
+                return nil
+            end
+            seen[id], ids[i] = true, id
+        end
+        local stored = redis.call('HMGET', ids_key, unpack(ids))
+        for i = 1, total do
+            if stored[i] then
+                return nil
+            end
+        end
+    end
+    local ev, id_pairs, tm, names, kept, st, ust = {}, {}, {}, {}, {}, {}, {}
+    local app_key, pend_key = keys[13], keys[11]
+    local results, event_id, ts = {}, nil, nil
+    for i = 1, total do
+        local p = starts[i]
+        local n_session, n_user, app_blob = tonumber(args[p + 7]), tonumber(args[p + 8]), args[p + 9]
+        local field = tostring(count)
+        event_id, ts = args[p], args[p + 1]
+        local n = #ev
+        ev[n + 1], ev[n + 2] = field, args[p + 2]
+        id_pairs[n + 1], id_pairs[n + 2] = event_id, field
+        tm[n + 1], tm[n + 2] = ts, field
+        names[n + 1], names[n + 2] = field, event_id
+        if removed > 0 then
+            kept[n + 1], kept[n + 2] = field, field
+        end
+        push_pairs(st, args, p + 10, n_session)
+        push_pairs(ust, args, p + 10 + 2 * n_session, n_user)
+        if app_blob ~= '' then
+            if app_key then
+                hset_blob(app_key, app_blob)
+            else
+                record_pending(pend_key, number .. ':' .. event_id, app_blob)
+            end
+        end
+        count = count + 1
+        results[i] = count
+    end
+    put('HSET', keys[3], ev)
+    if total > 1 then
+        put('HSET', ids_key, id_pairs)
+    end
+    put('ZADD', keys[5], tm)
+    put('HSET', keys[8], names)
+    put('ZADD', keys[7], kept)
+    put('HSET', keys[6], st)
+    put('HSET', keys[9], ust)
+    redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count), 'l', event_id)
+    redis.call('ZADD', keys[10], ts, args[6])
+    if ttl > 0 then
+        expire_all(ttl, {rec_key, keys[3], ids_key, keys[5], keys[6], keys[7], keys[8], keys[9],
+            keys[10], pend_key, keys[12]})
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {{{results, number, removed}}, pending}
+end
+
+-- KEYS: the batch's guard, then per session of the call: record, events,
+--       ids, times, state, positions, names, user state, index, pending,
+--       counter[, app state]
+-- ARGV: guarded (1 in a batch), ttl, session count, keys per session, run
+--   count, each session's id, then per run: its session (1-based), request
+--   count and the requests (see append_one).
+-- A run is consecutive requests of one session; a bulk call that
+-- interleaves sessions has many runs and reads each session once. Every
+-- session of a call shares a slot on a cluster (one user's). Returns {runs,
+-- pending}: per run tried, {results, session number, truncated count} (a
+-- refusal ends the call, and in a batch marks its guard so that the calls
+-- after it append nothing), and the pending app deltas of the call's user
+-- (cluster mode) for the client to finish.
 local function append(keys, args)
     local guard_key, guarded, ttl = keys[1], args[1] == '1', tonumber(args[2])
-    local runs, per_run = tonumber(args[3]), tonumber(args[4])
+    local n_sessions, per, n_runs = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
     local out = {}
     if guarded and redis.call('EXISTS', guard_key) == 1 then
         -- An earlier part of this batch failed: nothing after it is tried.
         return {out, {}}
     end
-    local at, run_keys = 5, nil
-    local index = new_index()
-    for r = 1, runs do
-        local k = 1 + (r - 1) * per_run
-        run_keys = {keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4], keys[k + 5], keys[k + 6],
-            keys[k + 7], keys[k + 8], keys[k + 9], keys[k + 10], keys[k + 11]}
-        if per_run > 11 then
-            run_keys[12] = keys[k + 12]
+    if n_sessions == 1 and n_runs == 1 then
+        local reply = append_straight(keys, args, ttl, tonumber(args[8]))
+        if reply then
+            return reply
         end
-        local result, refused, next_at = append_run(run_keys, args, at, ttl, index)
-        out[r], at = result, next_at
+    end
+    local call = {sessions = {}, user_items = {}, user_keys = {}}
+    for i = 1, n_sessions do
+        local session_keys, k = {}, 1 + (i - 1) * per
+        for j = 1, per do
+            session_keys[j] = keys[k + j]
+        end
+        call.sessions[i] = open_session(session_keys, args[5 + i])
+    end
+    -- The event ids of each session's requests, read in one HMGET per session.
+    local first_run = 6 + n_sessions
+    local pos = first_run
+    for _ = 1, n_runs do
+        local s, total = call.sessions[tonumber(args[pos])], tonumber(args[pos + 1])
+        pos = pos + 2
+        for _ = 1, total do
+            s.ids[#s.ids + 1] = args[pos]
+            pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
+        end
+    end
+    for _, s in ipairs(call.sessions) do
+        read_session(s)
+    end
+    pos = first_run
+    for r = 1, n_runs do
+        local s, total = call.sessions[tonumber(args[pos])], tonumber(args[pos + 1])
+        pos = pos + 2
+        local results, refused = {}, false
+        for i = 1, total do
+            results[i], pos = append_one(call, s, args, pos)
+            if type(results[i]) == 'table' and results[i][1] == 'no' then
+                refused = true
+                break
+            end
+        end
+        out[r] = {results, s.number or false, s.removed}
         if refused then
             if guarded then
                 redis.call('SET', guard_key, '1', 'EX', 60)
@@ -413,10 +552,21 @@ local function append(keys, args)
             break
         end
     end
+    flush_call(call)
+    local index = new_index()
+    for _, s in ipairs(call.sessions) do
+        if s.wrote then
+            local k = s.keys
+            redis.call('HSET', k[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last)
+            note_index(index, k[9], s.updated, s.sid)
+            expire_all(ttl, {k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[10], k[11]})
+        end
+    end
     flush_index(index, ttl)
     local pending = {}
-    if not run_keys[12] then
-        pending = pending_of(run_keys[10])
+    local first = call.sessions[1]
+    if first and not first.keys[12] then
+        pending = pending_of(first.keys[10])
     end
     return {out, pending}
 end
@@ -665,13 +815,13 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_2_append', append)
-redis.register_function('sessionscope_2_create', create)
-redis.register_function{function_name = 'sessionscope_2_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_2_delete', delete)
-redis.register_function('sessionscope_2_truncate', truncate)
-redis.register_function('sessionscope_2_restore', restore)
-redis.register_function('sessionscope_2_apply', apply)
-redis.register_function('sessionscope_2_clear', clear)
-redis.register_function('sessionscope_2_prune', prune)
-redis.register_function{function_name = 'sessionscope_2_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_3_append', append)
+redis.register_function('sessionscope_3_create', create)
+redis.register_function{function_name = 'sessionscope_3_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_3_delete', delete)
+redis.register_function('sessionscope_3_truncate', truncate)
+redis.register_function('sessionscope_3_restore', restore)
+redis.register_function('sessionscope_3_apply', apply)
+redis.register_function('sessionscope_3_clear', clear)
+redis.register_function('sessionscope_3_prune', prune)
+redis.register_function{function_name = 'sessionscope_3_noop', callback = noop, flags = {'no-writes'}}
