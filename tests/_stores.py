@@ -173,6 +173,36 @@ def asvc(store_factory: StoreFactory) -> SessionService:
 WORKERS = Path(__file__).with_name("_workers.py")
 
 
+async def while_the_loop_beats(
+    write: Coroutine[Any, Any, Any], release: Callable[[], None], released: Callable[[], bool]
+) -> tuple[bool, int]:
+    """Await ``write`` while a heartbeat task calls ``release`` at its fifth beat.
+
+    Return whether the holder was released before the write finished, and
+    the beats counted: a write that held the loop up until its lock was
+    released could not have let the heartbeat reach its fifth beat.
+    """
+    ticks = 0
+    finished = asyncio.Event()
+
+    async def heartbeat() -> None:
+        nonlocal ticks
+        while not finished.is_set():
+            ticks += 1
+            if ticks == 5:
+                # Only a running loop gets here while the write waits.
+                release()
+            await asyncio.sleep(0.001)
+
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)
+    await write
+    released_first = released()
+    finished.set()
+    await beating
+    return released_first, ticks
+
+
 def child_env() -> dict[str, str]:
     """Return the environment of a worker process: this one, finding this package."""
     env = dict(os.environ)

@@ -320,12 +320,8 @@ def grow_until_told(path: str, limit_mb: str) -> None:
         _say(json.dumps({"map_size": store.stat()["map_size"]}))
 
 
-def hold_write_lock(path: str, release: str, seconds: str) -> None:
-    """Hold the store's write lock until a file appears (or time runs out); say which."""
-    import lmdb
-
-    env = lmdb.open(path, max_dbs=8)
-    txn = env.begin(write=True)
+def _hold_until(release: str, seconds: str) -> None:
+    """Say "held", wait for the release file (or time to run out), then say which came."""
     _say("held")
     deadline = time.monotonic() + float(seconds)
     how = "timeout"
@@ -334,8 +330,17 @@ def hold_write_lock(path: str, release: str, seconds: str) -> None:
             how = "file"
             break
         time.sleep(0.002)
-    txn.abort()
     _say(how)
+
+
+def hold_write_lock(path: str, release: str, seconds: str) -> None:
+    """Hold LMDB's write lock, as another program would, until a file appears."""
+    import lmdb
+
+    env = lmdb.open(path, max_dbs=8)
+    txn = env.begin(write=True)
+    _hold_until(release, seconds)
+    txn.abort()
     env.close()
 
 
@@ -343,16 +348,8 @@ def hold_store_writer_lock(path: str, release: str, seconds: str) -> None:
     """Hold a store's writer lock, as a writer about to begin does, until a file appears."""
     store = LmdbStore(path, durability="deferred")
     store._writer_lock.acquire()
-    _say("held")
-    deadline = time.monotonic() + float(seconds)
-    how = "timeout"
-    while time.monotonic() < deadline:
-        if Path(release).exists():
-            how = "file"
-            break
-        time.sleep(0.002)
+    _hold_until(release, seconds)
     store._writer_lock.release()
-    _say(how)
     store.close()
 
 

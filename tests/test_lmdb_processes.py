@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from _children import Child, children
-from _stores import APP, USER, child_env, ev, snapshot_dir
+from _stores import APP, USER, child_env, ev, snapshot_dir, while_the_loop_beats
 from sessionscope import LmdbStore, SessionService, SyncSessionService
 from sessionscope.errors import IncompatibleStoreError, StoreError
 
@@ -269,25 +269,9 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
         svc = SessionService(store)
         session = await svc.create_session(app_name=APP, user_id=USER)
         assert holder.readline() == "held", holder.stderr()
-        ticks = 0
-        appended = asyncio.Event()
-
-        async def heartbeat() -> None:
-            nonlocal ticks
-            while not appended.is_set():
-                ticks += 1
-                if ticks == 5:
-                    # Only a running loop gets here while the append waits.
-                    release.touch()
-                await asyncio.sleep(0.001)
-
-        beating = asyncio.create_task(heartbeat())
-        await asyncio.sleep(0)
-        await svc.append_event(session, ev(delta={"a": 1}))
-        ran_before_append = release.exists()
-        appended.set()
-        await beating
-        return ran_before_append, ticks
+        return await while_the_loop_beats(
+            svc.append_event(session, ev(delta={"a": 1})), release.touch, release.exists
+        )
 
     try:
         with children(tmp_path, (holder_kind, str(path), str(release), "20")) as (holder,):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _stores import while_the_loop_beats
 from sessionscope import (
     Event,
     EventActions,
@@ -79,24 +80,9 @@ def test_the_loop_runs_while_a_thread_of_its_process_holds_the_lock(tmp_path: Pa
             session = await service.create_session(app_name=APP, user_id=USER)
             holder.start()
             assert holding.wait(10)
-            ticks = 0
-            appended = asyncio.Event()
-
-            async def heartbeat() -> None:
-                nonlocal ticks
-                while not appended.is_set():
-                    ticks += 1
-                    if ticks == 5:
-                        # Only a running loop gets here while the append waits.
-                        release.set()
-                    await asyncio.sleep(0.001)
-
-            beating = asyncio.create_task(heartbeat())
-            await asyncio.sleep(0)
-            await service.append_event(session, ev(1))
-            released_first = release.is_set()
-            appended.set()
-            await beating
+            released_first, ticks = await while_the_loop_beats(
+                service.append_event(session, ev(1)), release.set, release.is_set
+            )
             again = await service.get_session(app_name=APP, user_id=USER, session_id=session.id)
             assert again is not None and [e.content["n"] for e in again.events] == [1]
             return released_first, ticks
