@@ -91,26 +91,15 @@ def read_filters(config: Any) -> tuple[int | None, float | None]:
 
 
 class Model(Protocol[S, E]):
-    """How the service reads and builds the caller's session and event objects."""
+    """How the service reads and builds the caller's session and event objects.
+
+    Plain fields (ids, timestamp, partial, delta, state, events, last update
+    time) are read by ADK's field names in the compiled append path (see
+    ``FieldModel``); what differs between models is asked here.
+    """
 
     def event_id(self, event: E) -> str:
         """Return the event's id, giving it a fresh one if it has none."""
-        ...
-
-    def peek_event_id(self, event: E) -> str:
-        """Return the event's id as it is, empty or not."""
-        ...
-
-    def event_timestamp(self, event: E) -> float:
-        """Return the event's timestamp."""
-        ...
-
-    def is_partial(self, event: E) -> bool:
-        """Tell whether the event is a partial (streaming) one."""
-        ...
-
-    def state_delta(self, event: E) -> Mapping[str, Any] | None:
-        """Return the event's state delta, if any."""
         ...
 
     def set_state_delta(self, event: E, delta: dict[str, Any]) -> None:
@@ -123,10 +112,6 @@ class Model(Protocol[S, E]):
 
     def decode_events(self, records: list[bytes]) -> list[E]:
         """Return the events stored as ``records``."""
-        ...
-
-    def session_ids(self, session: S) -> tuple[str, str, str]:
-        """Return (app_name, user_id, session_id) of a session object."""
         ...
 
     def marker(self, session: S) -> str | None:
@@ -171,37 +156,10 @@ class FieldModel(Generic[S, E]):
             item.id = self.new_event_id()
         return check_id(item.id, "event.id")
 
-    def peek_event_id(self, event: E) -> str:
-        """Return the event's id as it is, empty or not."""
-        item: Any = event
-        event_id: str = item.id
-        return event_id
-
-    def event_timestamp(self, event: E) -> float:
-        """Return the event's timestamp."""
-        item: Any = event
-        return timestamp_of(item.timestamp)
-
-    def is_partial(self, event: E) -> bool:
-        """Tell whether the event is a partial (streaming) one."""
-        item: Any = event
-        return bool(item.partial)
-
-    def state_delta(self, event: E) -> Mapping[str, Any] | None:
-        """Return the event's state delta, if any."""
-        item: Any = event
-        delta: Mapping[str, Any] | None = item.actions.state_delta if item.actions else None
-        return delta
-
     def set_state_delta(self, event: E, delta: dict[str, Any]) -> None:
         """Replace the event's state delta."""
         item: Any = event
         item.actions.state_delta = delta
-
-    def session_ids(self, session: S) -> tuple[str, str, str]:
-        """Return (app_name, user_id, session_id) of a session object."""
-        item: Any = session
-        return item.app_name, item.user_id, item.id
 
     def live_parts(self, session: S) -> tuple[dict[str, Any], list[E], float]:
         """Return the state, the events and the last update time of a session object."""
