@@ -124,6 +124,19 @@ local function record_pending(pend_key, tail, blob)
     redis.call('HSET', pend_key, string.format('%016d', order) .. ':' .. tail, blob)
 end
 
+-- An app delta: written to the app's map where it shares the call's slot
+-- (app_key given), recorded for the second step otherwise (cluster).
+local function write_app_delta(app_key, pend_key, number, event_id, blob)
+    if blob == '' then
+        return
+    end
+    if app_key then
+        hset_blob(app_key, blob)
+    else
+        record_pending(pend_key, number .. ':' .. event_id, blob)
+    end
+end
+
 local function pending_of(pend_key)
     if redis.call('HLEN', pend_key) > 1 then
         return redis.call('HGETALL', pend_key)
@@ -339,13 +352,7 @@ local function append_one(call, s, args, pos)
     local w = s.w
     push_pairs(w.st, args, items, n_session)
     push_pairs(user_items(call, ust_key), args, items + 2 * n_session, n_user)
-    if app_blob ~= '' then
-        if app_key then
-            hset_blob(app_key, app_blob)
-        else
-            record_pending(pend_key, number .. ':' .. event_id, app_blob)
-        end
-    end
+    write_app_delta(app_key, pend_key, number, event_id, app_blob)
     local field = tostring(s.count)
     local ev, ids, tm, names = w.ev, w.ids, w.tm, w.names
     local n = #ev
@@ -451,13 +458,7 @@ local function append_straight(keys, args, ttl, total)
         end
         push_pairs(st, args, p + 10, n_session)
         push_pairs(ust, args, p + 10 + 2 * n_session, n_user)
-        if app_blob ~= '' then
-            if app_key then
-                hset_blob(app_key, app_blob)
-            else
-                record_pending(pend_key, number .. ':' .. event_id, app_blob)
-            end
-        end
+        write_app_delta(app_key, pend_key, number, event_id, app_blob)
         count = count + 1
         results[i] = count
     end
@@ -605,13 +606,7 @@ local function create(keys, args)
             'n', number, 'c', args[5], 'u', args[5], 'k', '0', 'tk', token)
         hset_pairs(st_key, args, 10, n_session)
         hset_pairs(ust_key, args, 10 + 2 * n_session, n_user)
-        if app_blob ~= '' then
-            if app_key then
-                hset_blob(app_key, app_blob)
-            else
-                record_pending(pend_key, number .. ':', app_blob)
-            end
-        end
+        write_app_delta(app_key, pend_key, number, '', app_blob)
         redis.call('ZADD', idx_key, args[5], args[3])
         expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key, counter_key})
         rec = read_record(rec_key)
