@@ -714,10 +714,12 @@ class LmdbStore:
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
-                outcome = self._run_locked([action])[0]
+                outcome = self._run_alone(action)
             elif not self._writes and self._writer_lock.try_acquire():
                 try:
-                    outcome = self._run_writes([action], may_grow=False)[0]
+                    outcome = _hot.write_alone(self, action) or self._run_writes(
+                        [action], may_grow=False
+                    )[0]
                 except _MapMustGrow:
                     # The writer thread grows the map: preallocating the
                     # file may take a while.
@@ -726,7 +728,7 @@ class LmdbStore:
                     self._writer_lock.release()
             if outcome is not None:
                 ok, value = outcome
-                return Completion.done(value) if ok else Completion.failed(value)
+                return Completion(value) if ok else Completion(error=value)
         pending: Pending[T] = Pending()
         with self._admit:
             # Checked with the append, so that nothing is queued after the
@@ -757,11 +759,11 @@ class LmdbStore:
             self._wake.notify()
         return Completion.waiting(pending)
 
-    def _run_locked(self, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
-        """Run writes as ``_run_writes`` does, holding the store's writer lock."""
+    def _run_alone(self, action: Callable[[Any], Any]) -> tuple[bool, Any]:
+        """Run one write as ``_run_writes`` does, taking the store's writer lock."""
         self._writer_lock.acquire()
         try:
-            return self._run_writes(actions)
+            return _hot.write_alone(self, action) or self._run_writes([action])[0]
         finally:
             self._writer_lock.release()
 
@@ -794,14 +796,18 @@ class LmdbStore:
                     seen = self._map_size
                     txn = self._begin(write=True)
                     try:
-                        results = [action(txn) for action in actions]
+                        # One write is the common case: no comprehension's frame for it.
+                        if len(actions) == 1:
+                            outcomes = [(True, actions[0](txn))]
+                        else:
+                            outcomes = [(True, action(txn)) for action in actions]
                     except BaseException:
                         txn.abort()
                         raise
                     # LMDB frees the transaction whether the commit succeeds or not.
                     txn.commit()
                 self._dirty = True
-                return [(True, result) for result in results]
+                return outcomes
             except lmdb.MapFullError:
                 if not may_grow:
                     raise _MapMustGrow from None
