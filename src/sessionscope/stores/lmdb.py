@@ -717,9 +717,10 @@ class LmdbStore:
                 outcome = self._run_alone(action)
             elif not self._writes and self._writer_lock.try_acquire():
                 try:
-                    outcome = _hot.write_alone(self, action) or self._run_writes(
-                        [action], may_grow=False
-                    )[0]
+                    outcome = (
+                        _hot.write_alone(self, action)
+                        or self._run_writes([action], may_grow=False)[0]
+                    )
                 except _MapMustGrow:
                     # The writer thread grows the map: preallocating the
                     # file may take a while.
