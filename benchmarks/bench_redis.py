@@ -240,9 +240,10 @@ def replay_rate(url: str, prefix: str, reads: bool = True) -> float:
     The same path as ``sessionscope replay --store URL --batch 1000`` on a
     trace of ``sessionscope generate --sessions 400`` (``--no-reads`` when
     ``reads`` is false): the trace's calls in order, runs of appends sent
-    through ``append_many`` (any read sends the pending run first, so with
-    a read after every turn a run is one turn: about four events), the
-    collector paused, only the bulk calls timed.
+    through the bulk path, the collector paused, only the bulk calls timed.
+    The reads ride in the batches (``RedisStore.append_many_reading``): their
+    server time and transfer count as append time here, only the decoding
+    of their answers does not.
     """
     spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0)
     if not reads:

@@ -118,6 +118,13 @@ _RECORD_FIELDS = ("app", "user", "sid", "n", "c", "u", "k", "l", "r")
 Command = tuple[Any, ...]
 # An operation: yields the commands of each round trip, receives their replies.
 Plan = Generator[list[Command], list[Any], T]
+# A read placed in a batch: (how many of the batch's requests come before it,
+# app, user, session id, num_recent_events, after_timestamp).
+BatchRead = tuple[int, str, str, str, "int | None", "float | None"]
+# What ``append_many_reading`` returns: the results of the requests stored,
+# the error that stopped the batch (None: it all went), and the answers of
+# the reads placed before that point, in order (None: no such session).
+ReadingOutcome = tuple[list[AppendResult], "BaseException | None", "list[LoadedSession | None]"]
 
 
 @lru_cache(maxsize=1)
@@ -392,6 +399,23 @@ class _Operations:
         num_recent_events: int | None,
         after_timestamp: float | None,
     ) -> Plan[LoadedSession | None]:
+        call = self._load_call(app_name, user_id, session_id, num_recent_events, after_timestamp)
+        if self.cluster:
+            reply, astate = yield [call, ("HGETALL", self.keys.app(app_name)[0])]
+        else:
+            (reply,) = yield [call]
+            astate = None
+        return (yield from self._loaded(app_name, user_id, session_id, reply, astate))
+
+    def _load_call(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> Command:
+        """Return the FCALL_RO reading a session (see ``load`` in redis_functions.lua)."""
         rec, events, _, times, state, positions, _ = self.keys.session(
             app_name, user_id, session_id
         )
@@ -401,12 +425,15 @@ class _Operations:
             "" if num_recent_events is None else num_recent_events,
             "" if after_timestamp is None else _number_text(after_timestamp),
         ]
-        call = ("FCALL_RO", _FN + "load", len(fkeys), *fkeys, *args)
-        app_state = self.keys.app(app_name)[0]
-        if self.cluster:
-            reply, astate = yield [call, ("HGETALL", app_state)]
-        else:
-            (reply,) = yield [call]
+        return ("FCALL_RO", _FN + "load", len(fkeys), *fkeys, *args)
+
+    def _loaded(
+        self, app_name: str, user_id: str, session_id: str, reply: Any, astate: Any
+    ) -> Plan[LoadedSession | None]:
+        """Decode a load reply; on a cluster, finish pending app deltas and read the app map.
+
+        ``astate`` is the app map read beside the call (cluster only).
+        """
         if reply is None:
             return None
         fields, event_list, sstate, ustate_reply, astate_reply, pending = reply
@@ -420,7 +447,7 @@ class _Operations:
         if self.cluster:
             if pending:
                 yield from self._finish_pending(app_name, user_id, pending)
-                (astate,) = yield [("HGETALL", app_state)]
+                (astate,) = yield [("HGETALL", self.keys.app(app_name)[0])]
         else:
             astate = astate_reply
         return LoadedSession(
@@ -652,47 +679,139 @@ class _Operations:
         start = 0
         while start < len(requests):
             group = self._slot_group(requests, start)
-            first = requests[start]
-            guard = self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+            guard = self._new_guard(requests[start])
             calls = _calls(_session_runs(requests[start : start + group]))
-            apps = {r.app_name for r in requests[start : start + group]}
-            upkeep = [c for app in sorted(apps) for c in self._app_upkeep(app)]
-            replies = yield [*(self._call(runs, guard, True) for runs in calls), *upkeep,
+            replies = yield [*(self._call(runs, guard, True) for runs in calls),
+                             *self._batch_upkeep(requests[start : start + group]),
                              *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
-            error: BaseException | None = None
-            stopped_at: int | None = None
-            position = start
-            for runs, (outcomes, pending) in zip(calls, replies, strict=False):
-                if self.cluster and pending:
-                    yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id,
-                                                    pending)  # fmt: skip
-                for run, (results, *marker) in zip(runs, outcomes, strict=False):
-                    parts = _marker_parts(marker)
-                    for request, result in zip(run, results, strict=False):
-                        try:
-                            done.append(self._result(request, result, parts))
-                        except Exception as failure:  # it stops the batch; the caller raises it
-                            error = failure
-                        if error is not None or (type(result) is not int and result[0] == b"no"):
-                            stopped_at = position
-                            break
-                        position += 1
-                    if stopped_at is not None:
-                        break
-                if stopped_at is not None:
+            position, stopped, error = start, False, None
+            for runs, reply in zip(calls, replies, strict=False):
+                position, stopped, error = yield from self._take(runs, reply, position, done)
+                if stopped:
                     break
-            if stopped_at is not None:
+            if stopped:
                 yield [("DEL", guard)]
                 if error is not None:
                     return done, error
                 # A repeat with other bytes but equal content stopped the
                 # server; go on after it.
-                start = stopped_at + 1
+                start = position + 1
                 continue
             start += group
         return done, None
+
+    def append_many_reading(
+        self, requests: list[AppendRequest], reads: list[BatchRead]
+    ) -> Plan[ReadingOutcome]:
+        """Append a batch and answer reads placed between its requests; see ``RedisStore``.
+
+        On one server the whole batch is one pipeline: the append calls of
+        the requests before a read, the read's own call, the calls up to the
+        next read, and so on. The server runs a connection's commands in
+        order, so each read answers what a read sent after the requests
+        before it would. The calls share one guard key: after a refused
+        request the later calls append nothing, and the reads after it are
+        not answered.
+        """
+        if self.cluster:
+            return (yield from self._append_then_read(requests, reads))
+        done: list[AppendResult] = []
+        loaded: list[LoadedSession | None] = []
+        start, first_read = 0, 0
+        while start < len(requests) or first_read < len(reads):
+            guard = self._new_guard(requests[start] if start < len(requests) else None)
+            commands: list[Command] = []
+            # What each command is: the runs of an append call, or a read.
+            steps: list[list[list[AppendRequest]] | BatchRead] = []
+            position = start
+            for read in (*reads[first_read:], None):
+                end = len(requests) if read is None else read[0]
+                for runs in _calls(_session_runs(requests[position:end])):
+                    commands.append(self._call(runs, guard, True))
+                    steps.append(runs)
+                position = end
+                if read is not None:
+                    commands.append(self._load_call(*read[1:]))
+                    steps.append(read)
+            replies = yield [*commands, *self._batch_upkeep(requests[start:]), *self._waits()]
+            if self.settings.wait:
+                self._check_wait(replies[-1])
+            position, stopped, error = start, False, None
+            for step, reply in zip(steps, replies, strict=False):
+                if type(step) is tuple:
+                    loaded.append((yield from self._loaded(*step[1:4], reply, None)))
+                    first_read += 1
+                    continue
+                assert isinstance(step, list)
+                position, stopped, error = yield from self._take(step, reply, position, done)
+                if stopped:
+                    break
+            if not stopped:
+                return done, None, loaded
+            yield [("DEL", guard)]
+            if error is not None:
+                return done, error, loaded
+            # A repeat with other bytes but equal content stopped the server:
+            # go on after it; the reads after it saw too little and are sent again.
+            start = position + 1
+        return done, None, loaded
+
+    def _append_then_read(
+        self, requests: list[AppendRequest], reads: list[BatchRead]
+    ) -> Plan[ReadingOutcome]:
+        """Append the requests before each read, then read: one step after another.
+
+        For a cluster, whose pipelines keep no order between nodes.
+        """
+        done: list[AppendResult] = []
+        loaded: list[LoadedSession | None] = []
+        position = 0
+        for read in (*reads, None):
+            end = len(requests) if read is None else read[0]
+            if end > position:
+                part, error = yield from self.append_many(requests[position:end])
+                done += part
+                if error is not None:
+                    return done, error, loaded
+                position = end
+            if read is not None:
+                loaded.append((yield from self.load(*read[1:])))
+        return done, None, loaded
+
+    def _new_guard(self, first: AppendRequest | None) -> bytes:
+        """Return a fresh guard key for a batch, in the slot of its first request."""
+        if first is None:
+            return self.keys.base + b"g:" + secrets.token_hex(8).encode()
+        return self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+
+    def _batch_upkeep(self, requests: list[AppendRequest]) -> list[Command]:
+        apps = {r.app_name for r in requests}
+        return [c for app in sorted(apps) for c in self._app_upkeep(app)]
+
+    def _take(
+        self, runs: list[list[AppendRequest]], reply: Any, position: int, done: list[AppendResult]
+    ) -> Plan[tuple[int, bool, BaseException | None]]:
+        """Decode one append call's reply into ``done``: (position after it, stopped, error).
+
+        A refusal stops the batch, and so does a result the client cannot
+        take (its error is returned); ``position`` is then the stopped request's.
+        """
+        outcomes, pending = reply
+        if self.cluster and pending:
+            yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id, pending)
+        for run, (results, *marker) in zip(runs, outcomes, strict=False):
+            parts = _marker_parts(marker)
+            for request, result in zip(run, results, strict=False):
+                try:
+                    done.append(self._result(request, result, parts))
+                except Exception as failure:  # it stops the batch; the caller raises it
+                    return position, True, failure
+                if type(result) is not int and result[0] == b"no":
+                    return position, True, None
+                position += 1
+        return position, False, None
 
     def _slot_group(self, requests: list[AppendRequest], start: int) -> int:
         """Return how many requests from ``start`` may be pipelined under one guard key."""
@@ -1524,6 +1643,25 @@ class RedisStore:
             return Completion.done(self._sync.run(self._ops.append_many(requests)))
         except Exception as error:  # a network failure stops the batch too
             return Completion.done(([], error))
+
+    def append_many_reading(
+        self, requests: list[AppendRequest], reads: list[BatchRead]
+    ) -> ReadingOutcome:
+        """Append a batch, as ``append_many``, and answer reads placed between its requests.
+
+        Each read ``(position, app, user, session id, num_recent_events,
+        after_timestamp)`` is answered as ``load_session`` would answer it
+        once the batch's first ``position`` requests are stored, and before
+        the others are: a replay that reads between appends keeps its
+        batches whole. On one server it all travels in one pipeline (a
+        cluster takes a step per read). A refused request stops the batch as
+        in ``append_many``; the reads placed after it are not answered.
+        """
+        self._check_open()
+        try:
+            return self._sync.run(self._ops.append_many_reading(requests, reads))
+        except Exception as error:  # a network failure stops the batch too
+            return [], error, []
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
