@@ -620,7 +620,9 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
         assert len(loaded) == 2
         stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
         assert stored is not None and len(stored.events) == 1 and stored.state == {"n": 0}
-        # A batch that goes through answers every read, in place.
+        # A batch that goes through answers every read, in place: on one
+        # server the reads travel inside the batch's append call.
+        calls, loads = append_calls(server), command_calls(server, "fcall_ro")
         done, error, loaded = store.append_many_reading(
             [request(live, 3), request(live, 4)], [(0, APP, USER, "s", 1, None),
                                                    (2, APP, USER, "s", None, None)]
@@ -628,6 +630,9 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
         assert error is None and len(done) == 2
         assert [s.session_state if s else None for s in loaded] == [{"n": 0}, {"n": 4}]
         assert [len(s.events) for s in loaded if s is not None] == [1, 3]
+        if not store.cluster:
+            assert append_calls(server) - calls == 1
+            assert command_calls(server, "fcall_ro") == loads
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:

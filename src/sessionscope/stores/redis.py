@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from hashlib import blake2b
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio
@@ -100,7 +100,7 @@ FORMAT_VERSION = 1
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_3"
+LIBRARY = "sessionscope_4"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
@@ -125,6 +125,8 @@ BatchRead = tuple[int, str, str, str, "int | None", "float | None"]
 # the error that stopped the batch (None: it all went), and the answers of
 # the reads placed before that point, in order (None: no such session).
 ReadingOutcome = tuple[list[AppendResult], "BaseException | None", "list[LoadedSession | None]"]
+# What an append call carries in order: runs of one session's requests, and reads.
+Run: TypeAlias = "list[AppendRequest] | BatchRead"
 
 
 @lru_cache(maxsize=1)
@@ -578,26 +580,39 @@ class _Operations:
             *self._app_keys(app_name),
         )
 
-    def _call(self, runs: list[list[AppendRequest]], guard: bytes, guarded: bool) -> Command:
+    def _call(self, runs: list[Run], guard: bytes, guarded: bool) -> Command:
         """Return the FCALL appending runs of requests, each run to one session.
 
         Each session's keys and id travel once per call, however many runs
-        of it the call has (a batch interleaving sessions has many).
+        of it the call has (a batch interleaving sessions has many). A read
+        placed among the runs (a ``BatchRead``) is answered in its place.
         """
         keys: list[Any] = []
         sids: list[str] = []
         numbers: dict[tuple[str, str, str], int] = {}
         args: list[Any] = []
         for run in runs:
-            first = run[0]
-            ident = (first.app_name, first.user_id, first.session_id)
+            read = run if isinstance(run, tuple) else None
+            requests: list[AppendRequest] = []
+            if read is not None:
+                ident = (read[1], read[2], read[3])
+            else:
+                assert isinstance(run, list)
+                requests = run
+                first = run[0]
+                ident = (first.app_name, first.user_id, first.session_id)
             number = numbers.get(ident)
             if number is None:
                 number = numbers[ident] = len(sids) + 1
                 keys += self._append_keys(*ident)
-                sids.append(first.session_id)
-            args += (number, len(run))
-            for request in run:
+                sids.append(ident[2])
+            if read is not None:
+                last_n, after = read[4], read[5]
+                args += (number, -1, "" if last_n is None else last_n,
+                         "" if after is None else _number_text(after))  # fmt: skip
+                continue
+            args += (number, len(requests))
+            for request in requests:
                 _request_args(request, args)
         return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
                 1 if guarded else 0, self.settings.ttl, len(sids), len(keys) // len(sids),
@@ -722,32 +737,28 @@ class _Operations:
         start, first_read = 0, 0
         while start < len(requests) or first_read < len(reads):
             guard = self._new_guard(requests[start] if start < len(requests) else None)
-            commands: list[Command] = []
-            # What each command is: the runs of an append call, or a read.
-            steps: list[list[list[AppendRequest]] | BatchRead] = []
+            runs: list[Run] = []
             position = start
             for read in (*reads[first_read:], None):
                 end = len(requests) if read is None else read[0]
-                for runs in _calls(_session_runs(requests[position:end])):
-                    commands.append(self._call(runs, guard, True))
-                    steps.append(runs)
+                runs.extend(_session_runs(requests[position:end]))
                 position = end
                 if read is not None:
-                    commands.append(self._load_call(*read[1:]))
-                    steps.append(read)
-            replies = yield [*commands, *self._batch_upkeep(requests[start:]), *self._waits()]
+                    runs.append(read)
+            calls = _calls(runs)
+            replies = yield [*(self._call(c, guard, True) for c in calls),
+                             *self._batch_upkeep(requests[start:]), *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
             position, stopped, error = start, False, None
-            for step, reply in zip(steps, replies, strict=False):
-                if type(step) is tuple:
-                    loaded.append((yield from self._loaded(*step[1:4], reply, None)))
-                    first_read += 1
-                    continue
-                assert isinstance(step, list)
-                position, stopped, error = yield from self._take(step, reply, position, done)
+            answered = len(loaded)
+            for runs_of_call, reply in zip(calls, replies, strict=False):
+                position, stopped, error = yield from self._take(
+                    runs_of_call, reply, position, done, loaded
+                )
                 if stopped:
                     break
+            first_read += len(loaded) - answered
             if not stopped:
                 return done, None, loaded
             yield [("DEL", guard)]
@@ -791,17 +802,30 @@ class _Operations:
         return [c for app in sorted(apps) for c in self._app_upkeep(app)]
 
     def _take(
-        self, runs: list[list[AppendRequest]], reply: Any, position: int, done: list[AppendResult]
+        self,
+        runs: list[Run],
+        reply: Any,
+        position: int,
+        done: list[AppendResult],
+        loaded: list[LoadedSession | None] | None = None,
     ) -> Plan[tuple[int, bool, BaseException | None]]:
         """Decode one append call's reply into ``done``: (position after it, stopped, error).
 
         A refusal stops the batch, and so does a result the client cannot
-        take (its error is returned); ``position`` is then the stopped request's.
+        take (its error is returned); ``position`` is then the stopped
+        request's. The answers of reads placed in the call go to ``loaded``.
         """
         outcomes, pending = reply
         if self.cluster and pending:
-            yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id, pending)
-        for run, (results, *marker) in zip(runs, outcomes, strict=False):
+            first = runs[0]
+            assert type(first) is list
+            yield from self._finish_pending(first[0].app_name, first[0].user_id, pending)
+        for run, outcome in zip(runs, outcomes, strict=False):
+            if isinstance(run, tuple):
+                assert loaded is not None
+                loaded.append((yield from self._loaded(run[1], run[2], run[3], outcome, None)))
+                continue
+            results, *marker = outcome
             parts = _marker_parts(marker)
             for request, result in zip(run, results, strict=False):
                 try:
@@ -1062,16 +1086,20 @@ def _marker_parts(reply: list[Any]) -> tuple[str, str]:
     return (number.decode() + ":", f":{removed}" if removed else "")
 
 
-def _calls(runs: Iterable[list[AppendRequest]]) -> list[list[list[AppendRequest]]]:
-    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here)."""
-    calls: list[list[list[AppendRequest]]] = []
+def _calls(runs: Iterable[Run]) -> list[list[Run]]:
+    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here).
+
+    A read placed among them counts as one request.
+    """
+    calls: list[list[Run]] = []
     size = _CHUNK
     for run in runs:
-        if size + len(run) > _CHUNK:
+        weight = 1 if type(run) is tuple else len(run)
+        if size + weight > _CHUNK:
             calls.append([])
             size = 0
         calls[-1].append(run)
-        size += len(run)
+        size += weight
     return calls
 
 
