@@ -22,6 +22,11 @@ double = float
 Py_ssize_t = int
 
 
+def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
+    """Return ``value``: a declared attribute or variable is a plain Python one."""
+    return value
+
+
 def cfunc(function: F) -> F:
     """Leave a function as it is (compiled, it becomes a C function)."""
     return function

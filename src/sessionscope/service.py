@@ -34,7 +34,6 @@ from .model import (
 )
 from .stores import Store, open_store
 from .stores.base import (
-    AppendRequest,
     AppendResult,
     ListPosition,
     LoadedSession,
@@ -753,21 +752,18 @@ class SyncSessionService:
         session, a conflicting event id) stops the batch there: the appends
         before it stay stored and applied to their sessions, and it is raised.
         """
-        core = self._core
+        model = self._core.model
         # Checked and packed in one call, every event or none (see _append.prepare_many).
-        batch: list[tuple[Session, Event, PreparedAppend]] = _hot.prepare_many(core.model, appends)
+        prepared = _hot.prepare_many(model, appends)
         try:
-            requests: list[AppendRequest] = [p for _, _, p in batch]
-            results, error = self.store.append_many(requests).result()
+            result = self.store.append_many(prepared.batch).result()
         except BaseException:
-            for _, event, prepared in batch:
-                core.abandon_append(event, prepared)
+            _hot.abandon_many(model, prepared, 0)
             raise
-        finished: list[Event] = _hot.finish_many(core.model, batch, results)
-        for _, event, prepared in batch[len(results) :]:
-            core.abandon_append(event, prepared)
-        if error is not None:
-            raise error
+        # Those the store did not reach get their deltas back.
+        finished: list[Event] = _hot.finish_many(model, prepared, result)
+        if result.error is not None:
+            raise result.error
         return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
