@@ -268,9 +268,36 @@ class PreparedBatch:
     deltas = cython.declare(list, visibility="readonly")
     temps = cython.declare(list, visibility="readonly")
     originals = cython.declare(list, visibility="readonly")
+    # The batch's own lists, filled through these C fields of a compiled
+    # build rather than an attribute read of the batch per event.
+    keys: list[tuple[str, str, str]]
+    owners: list[int]
+    event_ids: list[str]
+    timestamps: list[float]
+    records: list[bytes]
+    app_items: list[Any]
+    user_items: list[Any]
+    session_items: list[Any]
 
     def __init__(self) -> None:
-        self.batch = AppendBatch()
+        self.keys = []
+        self.owners = []
+        self.event_ids = []
+        self.timestamps = []
+        self.records = []
+        self.app_items = []
+        self.user_items = []
+        self.session_items = []
+        self.batch = AppendBatch(
+            self.keys,
+            self.owners,
+            self.event_ids,
+            self.timestamps,
+            self.records,
+            self.app_items,
+            self.user_items,
+            self.session_items,
+        )
         self.lives = []
         self.events = []
         self.deltas = []
@@ -286,8 +313,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
     delta back and raises, so nothing of the batch has changed.
     """
     prepared = PreparedBatch()
-    batch: AppendBatch = prepared.batch
-    # Per live session (by id): its key's position in batch.keys.
+    # Per live session (by id): its key's position in the batch's keys.
     positions: dict[int, tuple[Any, int]] = {}
     pack = codec.packer().pack
     try:
@@ -300,12 +326,12 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
                 app: str = check_id(session.app_name, "session.app_name")
                 user: str = check_id(session.user_id, "session.user_id")
                 sid: str = check_session_id(session.id)
-                known = (session, len(batch.keys))
+                known = (session, len(prepared.keys))
                 positions[id(session)] = known
-                batch.keys.append((app, user, sid))
+                prepared.keys.append((app, user, sid))
                 prepared.lives.append(session)
-            batch.owners.append(known[1])
-            _prepare_into(model, pack, event, prepared, batch)
+            prepared.owners.append(known[1])
+            _prepare_into(model, pack, event, prepared)
     except BaseException:
         abandon_many(model, prepared, 0)
         raise
@@ -313,9 +339,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
 
 
 @cython.cfunc
-def _prepare_into(
-    model: Any, pack: Any, event: Any, prepared: PreparedBatch, batch: AppendBatch
-) -> cython.int:
+def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) -> cython.int:
     """Check and pack one event of a batch, onto the ends of the batch's lists.
 
     As ``_prepare_event`` for a locked append without catch-up: the delta is
@@ -323,10 +347,17 @@ def _prepare_into(
     copied when nothing was taken from it. The batch's owner of the event
     is already added; a raise leaves the other lists one shorter.
     """
-    if not event.id:
-        event.id = model.new_event_id()
-    event_id: str = check_id(event.id, "event.id")
-    timestamp: float = timestamp_of(event.timestamp)
+    given = event.id
+    if not given:
+        given = event.id = model.new_event_id()
+    event_id: str
+    # The common id, short ASCII text, as check_id passes it, without the call.
+    if type(given) is str and len(given) <= _SHORT_ID and given.isascii():
+        event_id = given
+    else:
+        event_id = check_id(given, "event.id")
+    stamp = event.timestamp
+    timestamp: float = stamp if type(stamp) is float else timestamp_of(stamp)
     if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
         raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
     actions = event.actions
@@ -371,12 +402,12 @@ def _prepare_into(
     prepared.deltas.append(delta)
     prepared.temps.append(temp)
     prepared.originals.append(original if temp else None)
-    batch.event_ids.append(event_id)
-    batch.timestamps.append(timestamp)
-    batch.events.append(record)
-    batch.app_items.append(app_items)
-    batch.user_items.append(user_items)
-    batch.session_items.append(session_items)
+    prepared.event_ids.append(event_id)
+    prepared.timestamps.append(timestamp)
+    prepared.records.append(record)
+    prepared.app_items.append(app_items)
+    prepared.user_items.append(user_items)
+    prepared.session_items.append(session_items)
     return 0
 
 
@@ -525,6 +556,9 @@ def _route_plain(pack: Any, delta: Any) -> Any:
     return app_items, user_items, session_items, temp
 
 
+# Indexes into the batch's lists are in range by construction: no checks.
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def finish_many(model: Any, prepared: PreparedBatch, result: BatchResult) -> list[Any]:
     """Bring the live sessions up to date with what the store did; return the events it handled.
 
@@ -532,8 +566,7 @@ def finish_many(model: Any, prepared: PreparedBatch, result: BatchResult) -> lis
     are finished; those after them get their deltas back. Each session's
     time and marker are set once, from its last append the store took.
     """
-    batch: AppendBatch = prepared.batch
-    owners: list[int] = batch.owners
+    owners: list[int] = prepared.owners
     lives: list[Any] = prepared.lives
     events: list[Any] = prepared.events
     deltas: list[Any] = prepared.deltas

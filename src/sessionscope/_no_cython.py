@@ -27,6 +27,20 @@ def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
     return value
 
 
+def boundscheck(flag: bool) -> Callable[[F], F]:
+    """Return a decorator that leaves a function as it is (compiled, it sets index checks)."""
+    return _unchanged
+
+
+def wraparound(flag: bool) -> Callable[[F], F]:
+    """Return a decorator that leaves a function as it is (compiled, it sets negative indexes)."""
+    return _unchanged
+
+
+def _unchanged(function: F) -> F:
+    return function
+
+
 def cfunc(function: F) -> F:
     """Leave a function as it is (compiled, it becomes a C function)."""
     return function

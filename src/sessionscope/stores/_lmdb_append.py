@@ -378,6 +378,9 @@ class _BatchSession:
         record.last_event_id = self.last_event_id
 
 
+# Indexes into the batch's lists are in range by construction: no checks.
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
