@@ -49,6 +49,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
 from sessionscope.replay import open_target, replay
+from sessionscope.stores.base import AppendBatch
 from sessionscope.stores.redis import RedisStore
 from sessionscope.trace import TraceSpec, generate
 
@@ -116,8 +117,8 @@ async def fill_ours(service: RedisSessionService, length: int) -> None:
             assert prepared is not None
             prepared.request.catch_up = False
             requests.append(prepared.request)
-        _, error = await service.store.aio.append_many(requests)
-        assert error is None, error
+        outcome = await service.store.aio.append_many(AppendBatch.of(requests))
+        assert outcome.error is None, outcome.error
 
 
 async def fill_adk(service: AdkRedisSessionService, length: int) -> None:

@@ -67,9 +67,11 @@ from ..errors import (
 from .base import (
     BATCH_EVENTS,
     BATCH_SESSIONS,
+    AppendBatch,
     AppendRequest,
     AppendResult,
     BatchOutcome,
+    BatchResult,
     Completion,
     Expirer,
     Items,
@@ -84,6 +86,7 @@ from .base import (
     event_copy,
     list_position,
     page_records,
+    result_of_batch,
 )
 
 hiredis: Any
@@ -1249,6 +1252,12 @@ class _AsyncRunner:
             await self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
 
 
+def _batch_plan(batch: AppendBatch, ops: _Operations) -> Plan[BatchResult]:
+    """Append a batch request by request (``append_many`` of the ops); sum up what it did."""
+    results, error = yield from ops.append_many(batch.requests())
+    return result_of_batch(batch, results, error)
+
+
 class _Shielded(Awaitable[T]):
     """A write running as its own task: awaiting it again after a cancellation is safe."""
 
@@ -1401,9 +1410,9 @@ class _AsyncRedisStore:
         """Append one event; see ``Store.append``."""
         return self._write(lambda: self._store._ops.append(request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Awaitable[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Awaitable[BatchResult]:
         """Append a batch; see ``Store.append_many``."""
-        return self._write(lambda: self._store._ops.append_many(requests))
+        return self._write(lambda: _batch_plan(batch, self._store._ops))
 
     async def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map; see ``Store.read_app_state``."""
@@ -1664,13 +1673,13 @@ class RedisStore:
         """Append one event and apply its packed delta, all or nothing, in one FCALL."""
         return self._write(self._ops.append(request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch, pipelined; stop at the first refused request."""
         self._check_open()
         try:
-            return Completion.done(self._sync.run(self._ops.append_many(requests)))
+            return Completion.done(self._sync.run(_batch_plan(batch, self._ops)))
         except Exception as error:  # a network failure stops the batch too
-            return Completion.done(([], error))
+            return Completion.done(result_of_batch(batch, [], error))
 
     def append_many_reading(
         self, requests: list[AppendRequest], reads: list[BatchRead]
