@@ -29,7 +29,7 @@ from sessionscope.errors import (
 )
 from sessionscope.replay import NativeTarget, replay
 from sessionscope.stores import open_store
-from sessionscope.stores.base import AppendRequest
+from sessionscope.stores.base import AppendBatch, AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
 from sessionscope.trace import TraceSpec, generate
 
@@ -610,11 +610,11 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
             prepared.catch_up = False
             return prepared
 
-        requests = [request(live, 0), request(ghost, 1), request(live, 2)]
+        batch = AppendBatch.of([request(live, 0), request(ghost, 1), request(live, 2)])
         reads = [(pos, APP, USER, "s", None, None) for pos in range(4)]
-        done, error, loaded = store.append_many_reading(requests, reads)
-        assert isinstance(error, SessionNotFoundError)
-        assert len(done) == 1
+        result, loaded = store.append_many_reading(batch, reads)
+        assert isinstance(result.error, SessionNotFoundError)
+        assert result.applied == 1
         # Before the batch, and after its first request: the reads placed after it go unanswered.
         assert [len(s.events) for s in loaded if s is not None] == [0, 1]
         assert len(loaded) == 2
@@ -623,11 +623,11 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
         # A batch that goes through answers every read, in place: on one
         # server the reads travel inside the batch's append call.
         calls, loads = append_calls(server), command_calls(server, "fcall_ro")
-        done, error, loaded = store.append_many_reading(
-            [request(live, 3), request(live, 4)], [(0, APP, USER, "s", 1, None),
-                                                   (2, APP, USER, "s", None, None)]
-        )  # fmt: skip
-        assert error is None and len(done) == 2
+        result, loaded = store.append_many_reading(
+            AppendBatch.of([request(live, 3), request(live, 4)]),
+            [(0, APP, USER, "s", 1, None), (2, APP, USER, "s", None, None)],
+        )
+        assert result.error is None and result.applied == 2
         assert [s.session_state if s else None for s in loaded] == [{"n": 0}, {"n": 4}]
         assert [len(s.events) for s in loaded if s is not None] == [1, 3]
         if not store.cluster:

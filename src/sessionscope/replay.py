@@ -262,8 +262,9 @@ class NativeTarget(Target):
         if self._reading is None:
             return super().append_many_reading(appends, reads)
         core = self.service._core
+        model = core.model
         live = self.live
-        batch = _hot.prepare_many(core.model, [(live[key], event) for key, event in appends])
+        prepared = _hot.prepare_many(model, [(live[key], event) for key, event in appends])
         # Positions count stored appends: partial events never reach the store.
         stored_before, stored = [], 0
         for _, event in appends:
@@ -276,16 +277,14 @@ class NativeTarget(Target):
             for position, app, user, sid, config in reads
         ]  # fmt: skip
         try:
-            results, error, loaded = self._reading([p for _, _, p in batch], placed)
+            result, loaded = self._reading(prepared.batch, placed)
         except BaseException:
-            for _, event, prepared in batch:
-                core.abandon_append(event, prepared)
+            _hot.abandon_many(model, prepared, 0)
             raise
-        _hot.finish_many(core.model, batch, results)
-        for _, event, prepared in batch[len(results) :]:
-            core.abandon_append(event, prepared)
-        if error is not None:
-            raise error
+        # Those the store did not reach get their deltas back.
+        _hot.finish_many(model, prepared, result)
+        if result.error is not None:
+            raise result.error
         answers: list[Any] = loaded
         return answers
 

@@ -1682,23 +1682,27 @@ class RedisStore:
             return Completion.done(result_of_batch(batch, [], error))
 
     def append_many_reading(
-        self, requests: list[AppendRequest], reads: list[BatchRead]
-    ) -> ReadingOutcome:
-        """Append a batch, as ``append_many``, and answer reads placed between its requests.
+        self, batch: AppendBatch, reads: list[BatchRead]
+    ) -> tuple[BatchResult, list[LoadedSession | None]]:
+        """Append a batch, as ``append_many``, and answer reads placed between its events.
 
         Each read ``(position, app, user, session id, num_recent_events,
         after_timestamp)`` is answered as ``load_session`` would answer it
-        once the batch's first ``position`` requests are stored, and before
+        once the batch's first ``position`` events are stored, and before
         the others are: a replay that reads between appends keeps its
-        batches whole. On one server it all travels in one pipeline (a
-        cluster takes a step per read). A refused request stops the batch as
-        in ``append_many``; the reads placed after it are not answered.
+        batches whole. On one server the reads travel inside the batch's
+        calls (a cluster takes a step per read). A refused event stops the
+        batch as in ``append_many``; the reads placed after it are not
+        answered.
         """
         self._check_open()
         try:
-            return self._sync.run(self._ops.append_many_reading(requests, reads))
+            results, stop, loaded = self._sync.run(
+                self._ops.append_many_reading(batch.requests(), reads)
+            )
         except Exception as error:  # a network failure stops the batch too
-            return [], error, []
+            return result_of_batch(batch, [], error), []
+        return result_of_batch(batch, results, stop), loaded
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
