@@ -549,6 +549,13 @@ def _reads_trace() -> list[dict[str, Any]]:
         _get_record("u1", "c"),
         _append_record("u1", "c", 6, {"user:tier": "team"}),
         _get_record("u1", "a", {"num_recent_events": 2}),
+        # Created again under the same id: the events read before are not its events.
+        {"op": "delete", "app": APP, "user": "u1", "session": "a"},
+        _create_record("u1", "a", {}),
+        _append_record("u1", "a", 7),
+        _get_record("u1", "a"),
+        _append_record("u1", "a", 8),
+        _get_record("u1", "a", {"num_recent_events": 5}),
     ]
 
 
