@@ -6,7 +6,9 @@ import pytest
 
 import _stores
 from sessionscope import Event, EventActions, SyncSessionService
+from sessionscope._append import encode_event
 from sessionscope.errors import DuplicateEventError, SessionNotFoundError, StateValueError
+from sessionscope.stores.base import AppendBatch, AppendRequest, BatchResult, Items
 
 svc = _stores.svc
 store_factory = _stores.store_factory
@@ -195,3 +197,81 @@ def test_a_batch_refuses_what_a_single_append_refuses(
     assert str(batched.value) == str(alone.value)
     stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
     assert stored is not None and stored.events == [] and stored.state == {}
+
+
+def test_two_live_copies_of_one_session_each_get_their_own_events(
+    svc: SyncSessionService,
+) -> None:
+    """Two copies of one session in a batch: stored in order, each copy moves with its own."""
+    svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    one = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    two = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert one is not None and two is not None
+    first, second, third = ev({"n": 1}), ev({"m": 2}), ev({"n": 3})
+    svc.append_many([(one, first), (two, second), (one, third)])
+
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None
+    assert ids(stored.events) == [first.id, second.id, third.id]
+    assert stored.state == {"n": 3, "m": 2}
+    assert ids(one.events) == [first.id, third.id] and one.state == {"n": 3}
+    assert ids(two.events) == [second.id] and two.state == {"m": 2}
+    # Each copy carries the revision after its own last event.
+    assert one.revision == stored.revision
+    assert two.revision is not None and two.revision != stored.revision
+    assert one.last_update_time == third.timestamp
+    assert two.last_update_time == second.timestamp
+
+
+def _request(session_id: str, event: Event, **items: Items) -> AppendRequest:
+    record = encode_event(event)
+    return AppendRequest(APP, USER, session_id, event.id, event.timestamp, record, **items)
+
+
+def test_a_store_answers_a_batch_by_position(store_factory: _stores.StoreFactory) -> None:
+    """A store's batch result: how far it went, the repeats, each key's last marker, the error."""
+    store = store_factory()
+    for name in ("a", "b"):
+        store.create_session(APP, USER, name, 1000.0, [], [], []).result()
+    events = [ev(id=f"e{n}", timestamp=1000.0 + n) for n in range(4)]
+    batch = AppendBatch.of(
+        [
+            _request("a", events[0], session_items=[("n", b"\x01")]),
+            _request("b", events[1], app_items=[("k", b"\x02")]),
+            _request("a", events[0]),  # a repeat: skipped
+            _request("a", events[2]),
+            _request("ghost", events[3]),  # not stored: stops the batch
+            _request("b", ev(id="never")),
+        ]
+    )
+    assert batch.keys == [(APP, USER, "a"), (APP, USER, "b"), (APP, USER, "ghost")]
+    assert batch.owners == [0, 1, 0, 0, 2, 1]
+
+    result = store.append_many(batch).result()
+
+    assert isinstance(result, BatchResult)
+    assert result.applied == 4 and result.repeats == [2]
+    assert isinstance(result.error, SessionNotFoundError)
+    loaded_a = store.load_session(APP, USER, "a", None, None)
+    loaded_b = store.load_session(APP, USER, "b", None, None)
+    assert loaded_a is not None and loaded_b is not None
+    assert result.markers == [loaded_a.record.marker, loaded_b.record.marker, None]
+    assert result.times == [1002.0, 1001.0, 0.0]
+    assert loaded_a.session_state == {"n": 1} and loaded_b.app_state == {"k": 2}
+    assert len(loaded_a.events) == 2 and len(loaded_b.events) == 1
+
+
+def test_a_batch_refused_at_its_first_event_stores_nothing(
+    store_factory: _stores.StoreFactory,
+) -> None:
+    """An error at the first event: nothing applied, no marker, the store as it was."""
+    store = store_factory()
+    store.create_session(APP, USER, "a", 1000.0, [], [], []).result()
+    batch = AppendBatch.of([_request("ghost", ev()), _request("a", ev(timestamp=1001.0))])
+
+    result = store.append_many(batch).result()
+
+    assert result.applied == 0 and result.repeats == [] and result.markers == [None, None]
+    assert isinstance(result.error, SessionNotFoundError)
+    loaded = store.load_session(APP, USER, "a", None, None)
+    assert loaded is not None and loaded.events == [] and loaded.record.event_count == 0

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionscope import _core_py
+from sessionscope import _core_py, codec
 
 try:
     _compiled: ModuleType | None = importlib.import_module("sessionscope._core")
@@ -187,3 +187,62 @@ def test_apply_partition_equals_update(
 @given(storable_values)
 def test_storable_values_pass(core_impl: ModuleType, value: Any) -> None:
     core_impl.check_storable(value, "state['x']")
+
+
+# Ints at every boundary of msgpack's forms, long text and bytes at its header
+# sizes, and nesting around the plain depth limit (64).
+_FORM_EDGES = [
+    n + d
+    for n in (0, 2**5, 2**7, 2**8, 2**15, 2**16, 2**31, 2**32, 2**63, 2**64)
+    for d in (-1, 0, 1)
+] + [-(n + d) for n in (2**5, 2**7, 2**15, 2**31, 2**63) for d in (-1, 0, 1)]
+edge_scalars = st.one_of(
+    st.sampled_from(_FORM_EDGES),
+    st.floats(),
+    st.builds(lambda n, c: c * n, st.sampled_from([31, 32, 255, 256, 65535, 65536]),
+              st.sampled_from(["a", "é", "\ud800"])),
+    st.builds(lambda n: b"x" * n, st.sampled_from([255, 256, 65535, 65536])),
+)  # fmt: skip
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@needs_compiled
+@SETTINGS
+@given(st.one_of(any_values, _values(edge_scalars), st.integers(60, 68).map(_nested)))
+def test_pack_plain_agrees_and_packs_as_msgpack(value: Any) -> None:
+    """Both builds decline the same values, and pack the others to the codec's bytes."""
+    kind, packed = _agree("pack_plain", value)
+    assert kind == "ok"
+    if packed is not None:
+        assert packed == codec.pack(value)
+        # Plain values are storable: the checked path takes them as they are.
+        _core_py.check_storable(value, "v")
+
+
+def test_pack_plain_declines_what_it_does_not_walk(core_impl: ModuleType) -> None:
+    """Unstorable values, subclasses, tuples and deep nesting go to the checked path."""
+    declined = [
+        2**64,
+        -(2**63) - 1,
+        "lone \ud800",
+        {"k": {1, 2}},
+        {1: "int key"},
+        {"\ud800": 1},
+        (1, 2),
+        [1, (2,)],
+        _Text("a str subclass"),
+        _nested(64),
+    ]
+    for value in declined:
+        assert core_impl.pack_plain(value) is None, value
+    assert core_impl.pack_plain(_nested(63)) == codec.pack(_nested(63))
+
+
+class _Text(str):
+    pass

@@ -65,6 +65,44 @@ def test_bulk_replay_verifies(kind: str, tmp_path: Path) -> None:
     assert "append_batch" in result.latency
 
 
+@pytest.mark.parametrize("kind", ["memory", "lmdb-deferred"])
+def test_a_create_waits_for_a_batch_that_sets_the_same_shared_key(
+    kind: str, tmp_path: Path
+) -> None:
+    """A create goes ahead of a pending batch unless it sets an app or user key the batch sets."""
+    ids = {"app": "a", "user": "u"}
+    records: list[Record] = [
+        {"op": "create", **ids, "session": "s", "state": {}},
+        {"op": "append", **ids, "session": "s",
+         "event": {"id": "e1", "timestamp": 1.0, "author": "x",
+                   "actions": {"state_delta": {"user:tier": "old", "app:v": 1}}}},
+        {"op": "create", **ids, "session": "t", "state": {"user:tier": "new"}},
+        {"op": "create", **ids, "session": "w", "state": {"app:v": 2, "user:other": 0}},
+    ]  # fmt: skip
+    target = open_target(_uri(kind, tmp_path))
+    try:
+        result = replay(target, records, batch=10, progress=False)
+    finally:
+        target.close()
+    assert result.problems == []
+    # The first create waited for the batch (one batch before it, none after).
+    assert result.latency["append_batch"].count == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "lmdb-deferred"])
+def test_bulk_replay_with_reads_verifies(kind: str, tmp_path: Path) -> None:
+    """Where reads cannot ride in a batch, each read sends the pending batch first."""
+    records = list(generate(TraceSpec(sessions=20, seed=4)))
+    target = open_target(_uri(kind, tmp_path))
+    try:
+        result = replay(target, records, batch=64, progress=False)
+    finally:
+        target.close()
+    assert result.problems == []
+    assert "get_in_batch" not in result.latency
+    assert result.latency["get_recent"].count > 0
+
+
 def test_verification_fails_on_a_tampered_store(tmp_path: Path, records: list[Record]) -> None:
     target = NativeTarget(_uri("lmdb-deferred", tmp_path))
     try:

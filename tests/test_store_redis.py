@@ -27,9 +27,11 @@ from sessionscope.errors import (
     SessionNotFoundError,
     StoreError,
 )
+from sessionscope.replay import NativeTarget, replay
 from sessionscope.stores import open_store
-from sessionscope.stores.base import AppendRequest
+from sessionscope.stores.base import AppendBatch, AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
+from sessionscope.trace import TraceSpec, generate
 
 
 @pytest.fixture(params=_stores.REDIS_KINDS)
@@ -496,6 +498,148 @@ def test_a_batch_interleaving_sessions_reads_each_session_once_per_call(
         again = [svc.get_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(4)]
         assert [g.revision for g in again if g is not None] == before
         assert [len(g.events) for g in again if g is not None] == [50] * 4
+
+
+def _seen(session: Any) -> Any:
+    """Return what a read shows: None, or the state, event ids and time of the session.
+
+    (The time of a session without events is its create time: the clock's, not the trace's.)
+    """
+    if session is None:
+        return None
+    return session.state, event_ids(session), session.events and session.last_update_time
+
+
+def _append_record(user: str, sid: str, n: int, delta: dict[str, Any] | None = None,
+                   partial: bool = False) -> dict[str, Any]:  # fmt: skip
+    event: dict[str, Any] = {"id": f"{sid}-{n}", "timestamp": 1000.0 + n, "author": "agent"}
+    if delta:
+        event["actions"] = {"state_delta": delta}
+    if partial:
+        event["partial"] = True
+    return {"op": "append", "app": APP, "user": user, "session": sid, "event": event}
+
+
+def _get_record(user: str, sid: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"op": "get", "app": APP, "user": user, "session": sid, "config": config}
+
+
+def _create_record(user: str, sid: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {"op": "create", "app": APP, "user": user, "session": sid, "state": state}
+
+
+def _reads_trace() -> list[dict[str, Any]]:
+    """A trace whose reads each see something the appends and creates before them changed."""
+    return [
+        _create_record("u1", "a", {"user:tier": "free", "app:model": "m0", "k": 0}),
+        _create_record("u2", "b", {}),
+        _get_record("u1", "a"),
+        _append_record("u1", "a", 1, {"k": 1, "user:last": 1, "temp:t": 1}),
+        _append_record("u2", "b", 2, {"app:model": "m2"}),
+        _get_record("u1", "a"),
+        _append_record("u1", "a", 3, partial=True),
+        _get_record("u1", "a", {"num_recent_events": 1}),
+        _get_record("u1", "never"),
+        # Creates that would change what the reads above saw, were they sent first.
+        _create_record("u1", "c", {"user:tier": "pro"}),
+        _create_record("u2", "never", {"app:model": "m9"}),
+        _append_record("u1", "a", 4, {"user:last": 4}),
+        _append_record("u2", "b", 5),
+        _get_record("u2", "b", {"after_timestamp": 1005.0}),
+        _get_record("u1", "c"),
+        _append_record("u1", "c", 6, {"user:tier": "team"}),
+        _get_record("u1", "a", {"num_recent_events": 2}),
+        # Created again under the same id: the events read before are not its events.
+        {"op": "delete", "app": APP, "user": "u1", "session": "a"},
+        _create_record("u1", "a", {}),
+        _append_record("u1", "a", 7),
+        _get_record("u1", "a"),
+        _append_record("u1", "a", 8),
+        _get_record("u1", "a", {"num_recent_events": 5}),
+    ]
+
+
+class _Recording(NativeTarget):
+    """A native target that keeps what every read of the replay showed, in order."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.seen: list[Any] = []
+
+    def get(self, app: str, user: str, sid: str, config: Any) -> Any:
+        found = super().get(app, user, sid, config)
+        self.seen.append(_seen(found))
+        return found
+
+    def read_answer(self, answer: Any) -> Any:
+        found = super().read_answer(answer)
+        self.seen.append(_seen(found))
+        return found
+
+
+@pytest.mark.parametrize("trace", ["hand", "generated"])
+def test_reads_carried_in_a_batch_answer_what_reads_in_turn_do(uri: str, trace: str) -> None:
+    """A bulk replay's reads ride in its batches and see exactly what a plain replay's see."""
+    records = (
+        _reads_trace()
+        if trace == "hand"
+        else list(generate(TraceSpec(sessions=24, seed=5, concurrent=8, list_every=30)))
+    )
+    plain = _Recording("memory://")
+    bulk = _Recording(uri)
+    try:
+        replay(plain, records, progress=False)
+        result = replay(bulk, records, batch=50, progress=False)
+    finally:
+        plain.close()
+        bulk.close()
+    reads = sum(r["op"] == "get" for r in records)
+    assert result.problems == []
+    assert len(plain.seen) == reads and bulk.seen == plain.seen
+    # The reads travelled in the batches, not between them.
+    assert result.latency["get_in_batch"].count == reads
+    assert "get" not in result.latency and "get_recent" not in result.latency
+    assert result.latency["append_batch"].count < reads
+
+
+def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) -> None:
+    """The reads placed after a refused request are not answered; nothing after it is stored."""
+    with SyncSessionService(uri) as svc:
+        store = svc.store
+        assert isinstance(store, RedisStore)
+        live = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
+        svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+
+        def request(session: Any, n: int) -> AppendRequest:
+            prepared = svc._core.prepare_append(session, ev(delta={"n": n}), locked=True)
+            assert prepared is not None
+            prepared.catch_up = False
+            return prepared
+
+        batch = AppendBatch.of([request(live, 0), request(ghost, 1), request(live, 2)])
+        reads = [(pos, APP, USER, "s", None, None) for pos in range(4)]
+        result, loaded = store.append_many_reading(batch, reads)
+        assert isinstance(result.error, SessionNotFoundError)
+        assert result.applied == 1
+        # Before the batch, and after its first request: the reads placed after it go unanswered.
+        assert [len(s.events) for s in loaded if s is not None] == [0, 1]
+        assert len(loaded) == 2
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert stored is not None and len(stored.events) == 1 and stored.state == {"n": 0}
+        # A batch that goes through answers every read, in place: on one
+        # server the reads travel inside the batch's append call.
+        calls, loads = append_calls(server), command_calls(server, "fcall_ro")
+        result, loaded = store.append_many_reading(
+            AppendBatch.of([request(live, 3), request(live, 4)]),
+            [(0, APP, USER, "s", 1, None), (2, APP, USER, "s", None, None)],
+        )
+        assert result.error is None and result.applied == 2
+        assert [s.session_state if s else None for s in loaded] == [{"n": 0}, {"n": 4}]
+        assert [len(s.events) for s in loaded if s is not None] == [1, 3]
+        if not store.cluster:
+            assert append_calls(server) - calls == 1
+            assert command_calls(server, "fcall_ro") == loads
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:

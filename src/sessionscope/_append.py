@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from . import _no_cython as cython
     from .model import Event
-    from .stores.base import AppendResult
+    from .stores.base import AppendResult, BatchResult
 else:
     try:
         import cython
@@ -32,13 +32,16 @@ from .core import (
     USER_PREFIX,
     apply_delta,
     check_storable,
+    pack_plain,
     partition_checked,
 )
 from .errors import StateValueError
-from .stores.base import PreparedAppend
+from .stores.base import AppendBatch, PreparedAppend
 
 __all__ = [
     "MAX_ID_BYTES",
+    "PreparedBatch",
+    "abandon_many",
     "check_id",
     "check_session_id",
     "encode_event",
@@ -122,6 +125,26 @@ def event_to_record(event: Event) -> dict[str, Any]:
     Every value but the state delta (checked with the delta itself) is checked
     here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
     """
+    record: dict[str, Any] = _record(event, True)
+    return record
+
+
+def encode_event(event: Event) -> bytes:
+    """Return the stored bytes of an event: the format byte, then its set fields packed.
+
+    A record of plain values is checked and packed in one walk
+    (``pack_plain``); any other goes through ``event_to_record``'s checks,
+    whose errors name the bad value, and msgpack. The bytes are the same.
+    """
+    packed = pack_plain(_record(event, False))
+    if packed is None:
+        packed = codec.packer().pack(_record(event, True))
+    return _EVENT_PREFIX + packed
+
+
+@cython.cfunc
+def _record(event: Any, check: cython.bint) -> dict[str, Any]:
+    """Return the record of ``event_to_record``; without ``check``, its values unchecked."""
     record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
     for name in _EVENT_FIELDS:
         value = getattr(event, name)
@@ -137,35 +160,34 @@ def event_to_record(event: Event) -> dict[str, Any]:
                 continue
         elif value == "":
             continue
-        check_storable(value, "event." + name)
+        if check:
+            check_storable(value, "event." + name)
         record[name] = value
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
         packed["state_delta"] = actions.state_delta
     if actions.artifact_delta:
-        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
+        if check:
+            check_storable(actions.artifact_delta, "event.actions.artifact_delta")
         packed["artifact_delta"] = actions.artifact_delta
     for name in _ACTION_FIELDS:
         value = getattr(actions, name)
         if value is not None:
-            check_storable(value, "event.actions." + name)
+            if check:
+                check_storable(value, "event.actions." + name)
             packed[name] = value
     if actions.extra:
-        check_storable(actions.extra, "event.actions.extra")
+        if check:
+            check_storable(actions.extra, "event.actions.extra")
         packed["extra"] = actions.extra
     if packed:
         record["actions"] = packed
     if event.extra:
-        check_storable(event.extra, "event.extra")
+        if check:
+            check_storable(event.extra, "event.extra")
         record["extra"] = event.extra
     return record
-
-
-def encode_event(event: Event) -> bytes:
-    """Return the stored bytes of an event: the format byte, then its set fields packed."""
-    packed: bytes = codec.packer().pack(event_to_record(event))
-    return _EVENT_PREFIX + packed
 
 
 @cython.cfunc
@@ -187,7 +209,7 @@ def prepare_append(model: Any, session: Any, event: Any, locked: bool) -> Prepar
     if event.partial:
         return None
     prepared: PreparedAppend = _prepare_event(
-        model, codec.packer().pack, event, _session_parts(model, session), locked, False
+        model, codec.packer().pack, event, _session_parts(model, session), locked
     )
     return prepared
 
@@ -221,38 +243,183 @@ def finish_append(
 #
 # A batch prepares and finishes its appends in one call each, for sessions and
 # events with ADK's field names (``FieldModel``'s): the fields are read here
-# rather than through one model call per field, and what the events of one
-# session share (its checked ids, marker, last update time and last event id,
-# none of which changes before the batch is finished) is read once.
+# rather than through one model call per field, and each session's ids are
+# checked once. What the store takes is an ``AppendBatch``, one list per field,
+# and what it answers a ``BatchResult`` (each session's marker once): no object
+# per event on either side.
 
 
-def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> list[Any]:
-    """Check and pack a batch of locked appends without catch-up: (session, event, prepared).
+@cython.cclass
+class PreparedBatch:
+    """A batch of appends checked and packed: the store's request, and what finishes it.
+
+    ``batch`` is what the store takes (an ``AppendBatch``, one list per
+    field); the other lists are the service's, by the batch's positions: the
+    event, the delta to apply to the live session (temp keys apart), its
+    temp keys, and the event's original delta to give back if the append
+    does not happen (None when nothing was taken from it). ``lives`` holds
+    the live session of each of the batch's keys.
+    """
+
+    # Read by the service too: Python attributes of the compiled class.
+    batch = cython.declare(object, visibility="readonly")
+    lives = cython.declare(list, visibility="readonly")
+    events = cython.declare(list, visibility="readonly")
+    deltas = cython.declare(list, visibility="readonly")
+    temps = cython.declare(list, visibility="readonly")
+    originals = cython.declare(list, visibility="readonly")
+    # The batch's own lists, filled through these C fields of a compiled
+    # build rather than an attribute read of the batch per event.
+    keys: list[tuple[str, str, str]]
+    owners: list[int]
+    event_ids: list[str]
+    timestamps: list[float]
+    records: list[bytes]
+    app_items: list[Any]
+    user_items: list[Any]
+    session_items: list[Any]
+
+    def __init__(self) -> None:
+        self.keys = []
+        self.owners = []
+        self.event_ids = []
+        self.timestamps = []
+        self.records = []
+        self.app_items = []
+        self.user_items = []
+        self.session_items = []
+        self.batch = AppendBatch(
+            self.keys,
+            self.owners,
+            self.event_ids,
+            self.timestamps,
+            self.records,
+            self.app_items,
+            self.user_items,
+            self.session_items,
+        )
+        self.lives = []
+        self.events = []
+        self.deltas = []
+        self.temps = []
+        self.originals = []
+
+
+def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatch:
+    """Check and pack a batch of locked appends without catch-up.
 
     Partial events are left out. Each append is checked as ``prepare_append``
     checks it, in order; a bad one gives every event prepared before it its
     delta back and raises, so nothing of the batch has changed.
     """
-    batch: list[Any] = []
-    sessions: dict[int, tuple[Any, ...]] = {}
+    prepared = PreparedBatch()
+    # Per live session (by id): its key's position in the batch's keys.
+    positions: dict[int, tuple[Any, int]] = {}
     pack = codec.packer().pack
     try:
         for session, event in appends:
             if event.partial:
                 continue
-            shared = sessions.get(id(session))
+            known = positions.get(id(session))
             # The dict holds each session it saw, so no other object takes its id meanwhile.
-            if shared is None or shared[0] is not session:
-                shared = _session_parts(model, session)
-                sessions[id(session)] = shared
-            prepared = _prepare_event(model, pack, event, shared, True, True)
-            batch.append((session, event, prepared))
+            if known is None or known[0] is not session:
+                app: str = check_id(session.app_name, "session.app_name")
+                user: str = check_id(session.user_id, "session.user_id")
+                sid: str = check_session_id(session.id)
+                known = (session, len(prepared.keys))
+                positions[id(session)] = known
+                prepared.keys.append((app, user, sid))
+                prepared.lives.append(session)
+            prepared.owners.append(known[1])
+            _prepare_into(model, pack, event, prepared)
     except BaseException:
-        for _, event, prepared in batch:
-            if prepared.original_delta is not None:
-                model.set_state_delta(event, dict(prepared.original_delta))
+        abandon_many(model, prepared, 0)
         raise
-    return batch
+    return prepared
+
+
+@cython.cfunc
+def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) -> cython.int:
+    """Check and pack one event of a batch, onto the ends of the batch's lists.
+
+    As ``_prepare_event`` for a locked append without catch-up: the delta is
+    applied to the live session before the batch returns, so it is not
+    copied when nothing was taken from it. The batch's owner of the event
+    is already added; a raise leaves the other lists one shorter.
+    """
+    given = event.id
+    if not given:
+        given = event.id = model.new_event_id()
+    event_id: str
+    # The common id, short ASCII text, as check_id passes it, without the call.
+    if type(given) is str and len(given) <= _SHORT_ID and given.isascii():
+        event_id = given
+    else:
+        event_id = check_id(given, "event.id")
+    stamp = event.timestamp
+    timestamp: float = stamp if type(stamp) is float else timestamp_of(stamp)
+    if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
+        raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    actions = event.actions
+    original: Any = actions.state_delta if actions else None
+    app_items: list[tuple[str, bytes]] = []
+    user_items: list[tuple[str, bytes]] = []
+    session_items: list[tuple[str, bytes]] = []
+    delta: Any
+    temp: Any = None
+    if original:
+        routed = _route_plain(pack, original)
+        if routed is not None:
+            app_items, user_items, session_items, temp = routed
+        else:
+            app_delta, user_delta, session_delta, temp = partition_checked(original)
+            if app_delta:
+                app_items = _items(pack, app_delta)
+            if user_delta:
+                user_items = _items(pack, user_delta)
+            if session_delta:
+                session_items = _items(pack, session_delta)
+        if temp:
+            delta = dict(original)
+            for key in temp:
+                del delta[key]
+            actions.state_delta = delta
+        elif type(original) is dict:
+            delta = original
+            temp = None
+        else:
+            delta = dict(original)
+            temp = None
+    else:
+        delta = None
+    try:
+        record: bytes = model.encode_event(event)
+    except BaseException:
+        if temp:
+            actions.state_delta = dict(original)
+        raise
+    prepared.events.append(event)
+    prepared.deltas.append(delta)
+    prepared.temps.append(temp)
+    prepared.originals.append(original if temp else None)
+    prepared.event_ids.append(event_id)
+    prepared.timestamps.append(timestamp)
+    prepared.records.append(record)
+    prepared.app_items.append(app_items)
+    prepared.user_items.append(user_items)
+    prepared.session_items.append(session_items)
+    return 0
+
+
+def abandon_many(model: Any, prepared: PreparedBatch, start: int) -> None:
+    """Give the events of a batch from position ``start`` their deltas back, temp keys included."""
+    originals: list[Any] = prepared.originals
+    events: list[Any] = prepared.events
+    index: cython.Py_ssize_t
+    for index in range(start, len(originals)):
+        original = originals[index]
+        if original is not None:
+            model.set_state_delta(events[index], dict(original))
 
 
 @cython.cfunc
@@ -280,14 +447,8 @@ def _prepare_event(
     event: Any,
     shared: tuple[Any, ...],
     locked: cython.bint,
-    in_batch: cython.bint,
 ) -> Any:
-    """Return the prepared append of one event (see ``prepare_append``).
-
-    ``in_batch``: one of a batch's locked appends, which never catch up and
-    whose delta is applied to the live session before the batch returns (so
-    it is not copied).
-    """
+    """Return the prepared append of one event (see ``prepare_append``)."""
     if not event.id:
         event.id = model.new_event_id()
     event_id: str = check_id(event.id, "event.id")
@@ -317,9 +478,6 @@ def _prepare_event(
             delta = dict(original)
             for key in temp:
                 del delta[key]
-        elif in_batch and type(original) is dict:
-            # Applied to the live session before the call returns: no copy needed.
-            delta = original
         else:
             # A single append applies it once the store answers: the caller's
             # map may have changed by then.
@@ -349,7 +507,7 @@ def _prepare_event(
         shared[5],
         shared[6],
         locked,
-        locked and not in_batch,
+        locked,
         delta,
         original if temp else None,
         temp,
@@ -398,31 +556,48 @@ def _route_plain(pack: Any, delta: Any) -> Any:
     return app_items, user_items, session_items, temp
 
 
-def finish_many(model: Any, batch: list[Any], results: list[AppendResult]) -> list[Any]:
-    """Bring the live sessions up to date with a batch's results; return its events.
+# Indexes into the batch's lists are in range by construction: no checks.
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def finish_many(model: Any, prepared: PreparedBatch, result: BatchResult) -> list[Any]:
+    """Bring the live sessions up to date with what the store did; return the events it handled.
 
-    ``results`` may be shorter than the batch (a store error stopped it):
-    only the appends it answers are finished. Each session's time and
-    marker are set once, from its last append the store took.
+    Only the events the store handled (``result.applied``, from the first)
+    are finished; those after them get their deltas back. Each session's
+    time and marker are set once, from its last append the store took.
     """
-    events_out: list[Any] = []
-    moved: dict[int, tuple[Any, float, str]] = {}
+    owners: list[int] = prepared.owners
+    lives: list[Any] = prepared.lives
+    events: list[Any] = prepared.events
+    deltas: list[Any] = prepared.deltas
+    temps: list[Any] = prepared.temps
+    applied: cython.Py_ssize_t = result.applied
+    repeats: list[int] = result.repeats
+    skip: cython.Py_ssize_t = repeats[0] if repeats else applied
+    next_repeat: cython.Py_ssize_t = 1
     index: cython.Py_ssize_t
-    for index in range(len(results)):
-        session, event, prepared = batch[index]
-        result = results[index]
-        events_out.append(event)
-        marker = result.marker
-        if result.duplicate or marker is None:
+    for index in range(applied):
+        if index == skip:
+            skip = repeats[next_repeat] if next_repeat < len(repeats) else applied
+            next_repeat += 1
             continue
+        session = lives[owners[index]]
+        event = events[index]
         # The keys of both maps were checked (all str) when the batch was prepared.
-        state = session.state
-        if prepared.delta:
-            state.update(prepared.delta)
-        if prepared.temp:
-            state.update(prepared.temp)
+        delta = deltas[index]
+        temp = temps[index]
+        if delta or temp:
+            state = session.state
+            if delta:
+                state.update(delta)
+            if temp:
+                state.update(temp)
         session.events.append(event)
-        moved[id(session)] = (session, result.last_update_time, marker)
-    for session, last_update_time, marker in moved.values():
-        model.update_session(session, last_update_time, marker)
-    return events_out
+    markers: list[Any] = result.markers
+    times: list[float] = result.times
+    for index in range(len(markers)):
+        marker = markers[index]
+        if marker is not None:
+            model.update_session(lives[index], times[index], marker)
+    abandon_many(model, prepared, applied)
+    return events[:applied]

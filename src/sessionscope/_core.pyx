@@ -8,11 +8,22 @@ enum members.
 """
 
 from cpython.bool cimport PyBool_Check
-from cpython.bytes cimport PyBytes_Check, PyBytes_CheckExact
+from cpython.bytes cimport (
+    PyBytes_AS_STRING,
+    PyBytes_Check,
+    PyBytes_CheckExact,
+    PyBytes_FromStringAndSize,
+    PyBytes_GET_SIZE,
+)
 from cpython.dict cimport PyDict_Check, PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_SetItem
-from cpython.float cimport PyFloat_Check, PyFloat_CheckExact
-from cpython.list cimport PyList_Check, PyList_CheckExact
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_Check, PyLong_CheckExact
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_Check, PyFloat_CheckExact
+from cpython.list cimport PyList_Check, PyList_CheckExact, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport (
+    PyLong_AsLongLongAndOverflow,
+    PyLong_AsUnsignedLongLong,
+    PyLong_Check,
+    PyLong_CheckExact,
+)
 from cpython.object cimport PyObject_SetItem
 from cpython.ref cimport PyObject
 from cpython.tuple cimport PyTuple_Check, PyTuple_CheckExact
@@ -26,10 +37,13 @@ from cpython.unicode cimport (
     PyUnicode_READ_CHAR,
     PyUnicode_Substring,
 )
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 
 cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     bint PyUnicode_IS_ASCII(object o)
     int PyUnicode_KIND(object o)
     void* PyUnicode_DATA(object o)
@@ -72,6 +86,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
@@ -517,3 +532,196 @@ def check_delta(delta, root="state"):
         problem = _check(value, 0)
         if problem is not None:
             raise _refuse(f"{root}[{key!r}]", problem)
+
+
+# -- packing plain values ---------------------------------------------------------
+#
+# pack_plain writes msgpack itself, in the forms msgpack-python picks with the
+# codec's options (use_bin_type: str8 for short text, bin for bytes; the
+# smallest int form; floats as float64), into one growing C buffer: one walk
+# both checks that a value is plain and packs it, where the general path walks
+# it to check, and again to pack.
+
+# The same depth limit as the twin's _PLAIN_DEPTH.
+cdef int _PLAIN_DEPTH = 64
+cdef uint64_t _MSGPACK_MAX = 0xFFFFFFFF
+
+
+cdef struct _Buffer:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int _reserve(_Buffer* buf, Py_ssize_t more) except -1:
+    cdef Py_ssize_t need = buf.size + more
+    cdef Py_ssize_t capacity
+    cdef char* grown
+    if need <= buf.capacity:
+        return 0
+    capacity = buf.capacity * 2
+    if capacity < need:
+        capacity = need
+    grown = <char*>realloc(buf.data, capacity)
+    if grown == NULL:
+        raise MemoryError()
+    buf.data = grown
+    buf.capacity = capacity
+    return 0
+
+
+cdef int _put_head(_Buffer* buf, unsigned char code, uint64_t value, int width) except -1:
+    """Write a type byte, then ``value`` big-endian in ``width`` bytes (0 to 8)."""
+    cdef int shift
+    _reserve(buf, 1 + width)
+    buf.data[buf.size] = <char>code
+    buf.size += 1
+    for shift in range(width - 1, -1, -1):
+        buf.data[buf.size] = <char>((value >> (8 * shift)) & 0xFF)
+        buf.size += 1
+    return 0
+
+
+cdef int _put_raw(_Buffer* buf, const char* data, Py_ssize_t size) except -1:
+    _reserve(buf, size)
+    memcpy(buf.data + buf.size, data, size)
+    buf.size += size
+    return 0
+
+
+cdef int _put_int(_Buffer* buf, object value) except -1:
+    """Pack an int of the 64-bit range; 0 for one outside it."""
+    cdef int overflow = 0
+    cdef long long number = PyLong_AsLongLongAndOverflow(value, &overflow)
+    cdef unsigned long long unsigned_number
+    if overflow < 0:
+        return 0
+    if overflow > 0:
+        try:
+            unsigned_number = PyLong_AsUnsignedLongLong(value)
+        except OverflowError:
+            return 0
+        _put_head(buf, 0xCF, unsigned_number, 8)
+        return 1
+    if number < -(1 << 5):
+        if number < -(1 << 15):
+            if number < -(1LL << 31):
+                _put_head(buf, 0xD3, <uint64_t>number, 8)
+            else:
+                _put_head(buf, 0xD2, <uint64_t>number, 4)
+        elif number < -(1 << 7):
+            _put_head(buf, 0xD1, <uint64_t>number, 2)
+        else:
+            _put_head(buf, 0xD0, <uint64_t>number, 1)
+    elif number < (1 << 7):
+        # A positive or negative fixint: the number's own low byte.
+        _put_head(buf, <unsigned char>(number & 0xFF), 0, 0)
+    elif number < (1 << 16):
+        if number < (1 << 8):
+            _put_head(buf, 0xCC, <uint64_t>number, 1)
+        else:
+            _put_head(buf, 0xCD, <uint64_t>number, 2)
+    elif number < (1LL << 32):
+        _put_head(buf, 0xCE, <uint64_t>number, 4)
+    else:
+        _put_head(buf, 0xCF, <uint64_t>number, 8)
+    return 1
+
+
+cdef int _put_sized(
+    _Buffer* buf, Py_ssize_t size, unsigned char fix, Py_ssize_t fix_limit,
+    unsigned char code8, unsigned char code16, unsigned char code32,
+) except -1:
+    """Write the header of a str, bin, array or map of ``size``; 0 when too long."""
+    if <uint64_t>size > _MSGPACK_MAX:
+        return 0
+    if size < fix_limit:
+        _put_head(buf, fix | <unsigned char>size, 0, 0)
+    elif code8 and size < 256:
+        _put_head(buf, code8, <uint64_t>size, 1)
+    elif size < 65536:
+        _put_head(buf, code16, <uint64_t>size, 2)
+    else:
+        _put_head(buf, code32, <uint64_t>size, 4)
+    return 1
+
+
+cdef int _put_str(_Buffer* buf, object text) except -1:
+    """Pack a str as UTF-8; 0 for one that holds a lone surrogate or is too long."""
+    cdef Py_ssize_t size
+    cdef const char* data
+    try:
+        data = PyUnicode_AsUTF8AndSize(text, &size)
+    except UnicodeEncodeError:
+        return 0
+    if not _put_sized(buf, size, 0xA0, 32, 0xD9, 0xDA, 0xDB):
+        return 0
+    _put_raw(buf, data, size)
+    return 1
+
+
+cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
+    """Pack a plain value (see pack_plain); 0, with the buffer in any state, for another."""
+    cdef double number
+    cdef uint64_t bits
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t index
+    cdef Py_ssize_t size
+    cdef PyObject* k = NULL
+    cdef PyObject* v = NULL
+    if value is None:
+        return _put_head(buf, 0xC0, 0, 0) + 1
+    if value is True:
+        return _put_head(buf, 0xC3, 0, 0) + 1
+    if value is False:
+        return _put_head(buf, 0xC2, 0, 0) + 1
+    if PyUnicode_CheckExact(value):
+        return _put_str(buf, value)
+    if PyLong_CheckExact(value):
+        return _put_int(buf, value)
+    if PyFloat_CheckExact(value):
+        number = PyFloat_AS_DOUBLE(value)
+        memcpy(&bits, &number, 8)
+        return _put_head(buf, 0xCB, bits, 8) + 1
+    if PyBytes_CheckExact(value):
+        size = PyBytes_GET_SIZE(value)
+        if not _put_sized(buf, size, 0, 0, 0xC4, 0xC5, 0xC6):
+            return 0
+        return _put_raw(buf, PyBytes_AS_STRING(value), size) + 1
+    if depth >= _PLAIN_DEPTH:
+        return 0
+    if PyDict_CheckExact(value):
+        if not _put_sized(buf, len(value), 0x80, 16, 0, 0xDE, 0xDF):
+            return 0
+        while PyDict_Next(value, &pos, &k, &v):
+            if not PyUnicode_CheckExact(<object>k) or not _put_str(buf, <object>k):
+                return 0
+            if not _put_plain(buf, <object>v, depth + 1):
+                return 0
+        return 1
+    if PyList_CheckExact(value):
+        size = PyList_GET_SIZE(value)
+        if not _put_sized(buf, size, 0x90, 16, 0, 0xDC, 0xDD):
+            return 0
+        # The list cannot change meanwhile: packing calls no Python code.
+        for index in range(size):
+            if not _put_plain(buf, <object>PyList_GET_ITEM(value, index), depth + 1):
+                return 0
+        return 1
+    return 0
+
+
+def pack_plain(value):
+    """Return the msgpack bytes of a plain value, or None: the caller checks and packs it."""
+    cdef _Buffer buf
+    buf.size = 0
+    buf.capacity = 512
+    buf.data = <char*>malloc(buf.capacity)
+    if buf.data == NULL:
+        raise MemoryError()
+    try:
+        if not _put_plain(&buf, value, 0):
+            return None
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        free(buf.data)

@@ -16,6 +16,8 @@ import enum
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final
 
+import msgpack
+
 from sessionscope.errors import StateValueError
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
@@ -289,3 +292,48 @@ def partition_checked(
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Validate a delta and split it into (app, user, session, temp) maps in one pass."""
     return _partition(delta, check=True)
+
+
+# pack_plain walks this deep at most, and leaves deeper values to the checked path
+# (the compiled core has the same limit).
+_PLAIN_DEPTH: Final = 64
+
+
+def pack_plain(value: object) -> bytes | None:
+    """Return the msgpack bytes of a plain value, or None: the caller checks and packs it.
+
+    Plain: None, bool, float, bytes, an int of the 64-bit range, a str
+    storable as UTF-8, and dicts (str keys) and lists of plain values,
+    nested at most 64 deep, each of exactly these types. A plain
+    value is storable (``check_storable`` passes it), and its bytes are
+    msgpack's with the codec's options (``use_bin_type``): the compiled core
+    checks and packs it in one walk. Anything else, storable or not, gives
+    None, as does a str, bytes or container too long for a msgpack header.
+    """
+    if not _all_plain(value, 0):
+        return None
+    try:
+        packed: bytes = msgpack.packb(value, use_bin_type=True, datetime=False)
+    except ValueError:  # longer than a msgpack header can say
+        return None
+    return packed
+
+
+def _all_plain(value: object, depth: int) -> bool:
+    cls = type(value)
+    if cls in _PLAIN:
+        return True
+    if cls is int:
+        return _INT_MIN <= value <= _INT_MAX  # type: ignore[operator]
+    if cls is str:
+        return not _text_problem(value)  # type: ignore[arg-type]
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if cls is dict:
+        return all(
+            type(key) is str and not _text_problem(key) and _all_plain(item, depth + 1)
+            for key, item in value.items()  # type: ignore[attr-defined]
+        )
+    if cls is list:
+        return all(_all_plain(item, depth + 1) for item in value)  # type: ignore[attr-defined]
+    return False

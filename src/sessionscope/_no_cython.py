@@ -22,6 +22,25 @@ double = float
 Py_ssize_t = int
 
 
+def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
+    """Return ``value``: a declared attribute or variable is a plain Python one."""
+    return value
+
+
+def boundscheck(flag: bool) -> Callable[[F], F]:
+    """Return a decorator that leaves a function as it is (compiled, it sets index checks)."""
+    return _unchanged
+
+
+def wraparound(flag: bool) -> Callable[[F], F]:
+    """Return a decorator that leaves a function as it is (compiled, it sets negative indexes)."""
+    return _unchanged
+
+
+def _unchanged(function: F) -> F:
+    return function
+
+
 def cfunc(function: F) -> F:
     """Leave a function as it is (compiled, it becomes a C function)."""
     return function

@@ -38,6 +38,7 @@ __all__ = [
     "check_storable",
     "compiled_or_twin",
     "merge_scopes",
+    "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
@@ -125,3 +126,4 @@ merge_scopes = _impl.merge_scopes
 apply_delta = _impl.apply_delta
 check_storable = _impl.check_storable
 check_delta = _impl.check_delta
+pack_plain = _impl.pack_plain

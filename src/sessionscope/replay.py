@@ -25,15 +25,20 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .console import Column, RichProgressBar, render_table
-from .core import TEMP_PREFIX
+from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, compiled_or_twin
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
 from .stores import open_store
 from .trace import Expectation, load_trace
+
+if TYPE_CHECKING:
+    from . import _append as _hot
+else:
+    _hot = compiled_or_twin("sessionscope._append")
 
 __all__ = [
     "ADK_SCHEMES",
@@ -51,6 +56,8 @@ __all__ = [
 T = TypeVar("T")
 ADK_SCHEMES = ("adk-memory", "adk-sqlite", "adk-database", "adk-lmdb")
 Key = tuple[str, str, str]
+# A read placed in a batch: (appends of the batch before it, app, user, session, config).
+PlacedRead = tuple[int, str, str, str, "Mapping[str, Any] | None"]
 
 
 class TargetError(ValueError):
@@ -117,6 +124,8 @@ class Target:
 
     name = "target"
     native = False
+    # Whether reads can travel inside a batch (``append_many_reading``).
+    reads_in_batch = False
 
     def make_event(self, record: Mapping[str, Any]) -> Any:
         """Return the target's event object for a trace event record."""
@@ -134,6 +143,29 @@ class Target:
         """Append events through the bulk path (one at a time where there is none)."""
         for key, event in appends:
             self.append(key, event)
+
+    def append_many_reading(
+        self, appends: list[tuple[Key, Any]], reads: list[PlacedRead]
+    ) -> list[Any]:
+        """Append a batch and answer reads placed between its appends; return the answers.
+
+        A read placed after ``n`` appends answers what ``get`` would answer
+        after those ``n`` and before the rest. Here, one step after another.
+        """
+        answers: list[Any] = []
+        done = 0
+        for position, app, user, sid, config in reads:
+            if position > done:
+                self.append_many(appends[done:position])
+                done = position
+            answers.append(self.get(app, user, sid, config))
+        if done < len(appends):
+            self.append_many(appends[done:])
+        return answers
+
+    def read_answer(self, answer: Any) -> Any:
+        """Return what ``get`` returns for an answer of ``append_many_reading``."""
+        return answer
 
     def get(self, app: str, user: str, sid: str, config: Mapping[str, Any] | None) -> Any:
         """Read a session with a config."""
@@ -194,6 +226,9 @@ class NativeTarget(Target):
         self.name = uri
         self.service = service or SyncSessionService(open_store(uri))
         self.live: dict[Key, Session] = {}
+        # A store that answers reads inside a batch's round trips (Redis).
+        self._reading = getattr(self.service.store, "append_many_reading", None)
+        self.reads_in_batch = self._reading is not None
 
     def make_event(self, record: Mapping[str, Any]) -> Event:
         """Return the native event of a trace event record."""
@@ -214,6 +249,50 @@ class NativeTarget(Target):
         """Append a batch in one transaction."""
         live = self.live
         self.service.append_many([(live[key], event) for key, event in appends])
+
+    def append_many_reading(
+        self, appends: list[tuple[Key, Any]], reads: list[PlacedRead]
+    ) -> list[Any]:
+        """Append a batch and answer the reads placed in it, in the store's round trips.
+
+        As ``SyncSessionService.append_many`` (a bad event refuses the whole
+        batch before anything is stored; a store error stops it there and is
+        raised), with the reads carried along where the store can.
+        """
+        if self._reading is None:
+            return super().append_many_reading(appends, reads)
+        core = self.service._core
+        model = core.model
+        live = self.live
+        prepared = _hot.prepare_many(model, [(live[key], event) for key, event in appends])
+        # Positions count stored appends: partial events never reach the store.
+        stored_before, stored = [], 0
+        for _, event in appends:
+            stored_before.append(stored)
+            stored += not event.partial
+        stored_before.append(stored)
+        placed = [
+            (stored_before[position],
+             *core.check_get(app, user, sid, GetSessionConfig(**config) if config else None))
+            for position, app, user, sid, config in reads
+        ]  # fmt: skip
+        try:
+            result, loaded = self._reading(prepared.batch, placed)
+        except BaseException:
+            _hot.abandon_many(model, prepared, 0)
+            raise
+        # Those the store did not reach get their deltas back.
+        _hot.finish_many(model, prepared, result)
+        if result.error is not None:
+            raise result.error
+        answers: list[Any] = loaded
+        return answers
+
+    def read_answer(self, answer: Any) -> Any:
+        """Return the session a read in a batch answered (the store's answer, decoded)."""
+        if self._reading is None:
+            return answer
+        return self.service._core.finish_get(answer)
 
     def get(self, app: str, user: str, sid: str, config: Mapping[str, Any] | None) -> Any:
         """Read a session."""
@@ -492,10 +571,13 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         op = record["op"]
         if op == "append":
             key = (record["app"], record["user"], record["session"])
-            calls.append(("append", key, target.make_event(record["event"]), record["event"]))
+            delta = (record["event"].get("actions") or {}).get("state_delta")
+            calls.append(("append", key, target.make_event(record["event"]), record["event"],
+                          _shared_keys(key[0], key[1], delta)))  # fmt: skip
         elif op == "create":
             state = record.get("state")
-            calls.append(("create", record["app"], record["user"], record["session"], state))
+            calls.append(("create", record["app"], record["user"], record["session"], state,
+                          _shared_keys(record["app"], record["user"], state)))  # fmt: skip
         elif op == "get":
             calls.append(
                 ("get", record["app"], record["user"], record["session"], record.get("config"))
@@ -505,6 +587,19 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         else:
             calls.append(("delete", record["app"], record["user"], record["session"]))
     return calls
+
+
+def _shared_keys(
+    app: str, user: str, state: Mapping[str, Any] | None
+) -> frozenset[tuple[str, str | None, str]]:
+    """Return the app and user map keys a delta or initial state sets: (app, user or None, key)."""
+    if not state:
+        return frozenset()
+    return frozenset(
+        (app, user if key.startswith(USER_PREFIX) else None, key)
+        for key in state
+        if key.startswith((APP_PREFIX, USER_PREFIX))
+    )
 
 
 def replay(
@@ -575,16 +670,51 @@ def _replay(
     batch_samples = samples.setdefault("append_batch", []) if batch > 1 else []
     # One sample per batch: the batch's time over its size, an event's share.
     shares = samples.setdefault("append", []) if batch > 1 else []
+    # Reads ride in the batch where the target can carry them: each is
+    # answered as it stands at its place among the batch's appends. Their
+    # round trips are the batch's, timed as append time; their own samples
+    # ("get_in_batch") time only the decoding of their answers.
+    reads_ride = batch > 1 and target.reads_in_batch
+    placed: list[PlacedRead] = []
+    # What a create sent ahead of the batch could change: the sessions and
+    # maps the placed reads see, and the app and user keys the appends set.
+    read_sessions: set[Key] = set()
+    read_users: set[tuple[str, str]] = set()
+    read_apps: set[str] = set()
+    shared: set[tuple[str, str | None, str]] = set()
 
     def flush_batch() -> None:
         nonlocal append_ns
         start = clock()
-        target.append_many(pending)
+        if placed:
+            answers = target.append_many_reading(pending, placed)
+        else:
+            answers = []
+            target.append_many(pending)
         spent = clock() - start
         append_ns += spent
         batch_samples.append(spent)
-        shares.append(spent // len(pending))
+        if pending:
+            shares.append(spent // len(pending))
+        for answer in answers:
+            start = clock()
+            target.read_answer(answer)
+            samples.setdefault("get_in_batch", []).append(clock() - start)
         pending.clear()
+        placed.clear()
+        read_sessions.clear()
+        read_users.clear()
+        read_apps.clear()
+        shared.clear()
+
+    def create_waits(app: str, user: str, sid: str, keys: frozenset[Any]) -> bool:
+        """Tell whether a create changes what the batch reads or sets: then it waits for it."""
+        if (app, user, sid) in read_sessions or not keys.isdisjoint(shared):
+            return True
+        return any(
+            (app, user) in read_users if owner is not None else app in read_apps
+            for _, owner, _ in keys
+        )
 
     started = time.perf_counter()
     deadline = math.inf if budget_s is None else started + budget_s
@@ -597,6 +727,7 @@ def _replay(
                 stored += 1
             if batch > 1:
                 pending.append((call[1], call[2]))
+                shared.update(call[4])
                 if len(pending) >= batch:
                     flush_batch()
             else:
@@ -609,9 +740,17 @@ def _replay(
                     before = lengths.get(call[1], 0)
                     lengths[call[1]] = before + 1
                     on_append(call[1], before, spent)
+        elif op == "get" and reads_ride:
+            placed.append((len(pending), call[1], call[2], call[3], call[4]))
+            read_sessions.add((call[1], call[2], call[3]))
+            read_users.add((call[1], call[2]))
+            read_apps.add(call[1])
         else:
-            # A create touches no session with a pending append: the batch goes on.
-            if pending and op != "create":
+            # A create that touches nothing the batch reads or writes goes
+            # ahead of it: the batch goes on.
+            if (pending or placed) and (
+                op != "create" or create_waits(call[1], call[2], call[3], call[5])
+            ):
                 flush_batch()
             if op == "get":
                 name = "get" if call[4] is None else "get_recent"
@@ -634,13 +773,14 @@ def _replay(
             bar.update(done)
             if time.perf_counter() > deadline:
                 break
-    if pending:
+    if pending or placed:
         flush_batch()
     target.flush()
     elapsed = time.perf_counter() - started
     bar.done = done
     bar.close()
-    order = ["create", "append", "append_batch", "get", "get_recent", "list", "delete"]
+    order = ["create", "append", "append_batch", "get", "get_recent", "get_in_batch", "list",
+             "delete"]  # fmt: skip
     latency = {name: LatencyStats.of(samples[name]) for name in order if samples.get(name)}
     result = ReplayResult(target.name, done, stored, elapsed, latency, batch if batch > 1 else 0)
     result.append_s = append_ns / 1e9

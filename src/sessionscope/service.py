@@ -34,7 +34,6 @@ from .model import (
 )
 from .stores import Store, open_store
 from .stores.base import (
-    AppendRequest,
     AppendResult,
     ListPosition,
     LoadedSession,
@@ -170,11 +169,11 @@ class FieldModel(Generic[S, E]):
 class NativeModel(FieldModel[Session, Event]):
     """The Model of this package's own ``Session`` and ``Event`` dataclasses."""
 
-    def encode_event(self, event: Event) -> bytes:
-        """Return the stored record of an event: its set fields only."""
-        # event_to_record checks every field but the delta, which
-        # partition_checked has checked: no second walk over the record.
-        return _hot.encode_event(event)
+    # The stored record of an event, its set fields only: the compiled
+    # function itself, so that an append calls it without a Python frame in
+    # between. It checks every field but the delta, which partition_checked
+    # has checked: no second walk over the record.
+    encode_event = staticmethod(_hot.encode_event)
 
     def decode_events(self, records: list[bytes]) -> list[Event]:
         """Return the events stored as ``records``."""
@@ -753,21 +752,18 @@ class SyncSessionService:
         session, a conflicting event id) stops the batch there: the appends
         before it stay stored and applied to their sessions, and it is raised.
         """
-        core = self._core
+        model = self._core.model
         # Checked and packed in one call, every event or none (see _append.prepare_many).
-        batch: list[tuple[Session, Event, PreparedAppend]] = _hot.prepare_many(core.model, appends)
+        prepared = _hot.prepare_many(model, appends)
         try:
-            requests: list[AppendRequest] = [p for _, _, p in batch]
-            results, error = self.store.append_many(requests).result()
+            result = self.store.append_many(prepared.batch).result()
         except BaseException:
-            for _, event, prepared in batch:
-                core.abandon_append(event, prepared)
+            _hot.abandon_many(model, prepared, 0)
             raise
-        finished: list[Event] = _hot.finish_many(core.model, batch, results)
-        for _, event, prepared in batch[len(results) :]:
-            core.abandon_append(event, prepared)
-        if error is not None:
-            raise error
+        # Those the store did not reach get their deltas back.
+        finished: list[Event] = _hot.finish_many(model, prepared, result)
+        if result.error is not None:
+            raise result.error
         return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:

@@ -37,8 +37,10 @@ else:
 from ..codec import pack, unpack
 from ..errors import CorruptStoreError, StoreError
 from .base import (
+    AppendBatch,
     AppendRequest,
     AppendResult,
+    BatchResult,
     PartialBatch,
     SessionRecord,
     catch_up,
@@ -72,6 +74,13 @@ _SIZES: list[bytes] = [size.to_bytes(2, "big") for size in range(_RAW_PART_LIMIT
 
 def unique_part(text: str) -> bytes:
     """Return the key part of an id: self-delimiting, so parts concatenate safely."""
+    found: bytes = _id_part(text)
+    return found
+
+
+@cython.cfunc
+def _id_part(text: str) -> bytes:
+    """Return ``unique_part(text)``: a C call from this module's compiled build."""
     raw: bytes = text.encode()
     size: cython.Py_ssize_t = len(raw)
     if size <= _RAW_PART_LIMIT:
@@ -417,7 +426,10 @@ class _BatchSession:
         record.last_event_id = self.last_event_id
 
 
-def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[AppendResult]:
+# Indexes into the batch's lists are in range by construction: no checks.
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
     Each session record is read once and written once per batch, and the
@@ -429,40 +441,54 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
     data_db = store._data
     data = txn.cursor(db=data_db)
     format_1: cython.bint = store.format == 1
+    keys: list[tuple[str, str, str]] = batch.keys
+    owners: list[int] = batch.owners
+    event_ids: list[str] = batch.event_ids
+    timestamps: list[float] = batch.timestamps
+    events: list[bytes] = batch.events
+    app_items: list[Items] = batch.app_items
+    user_items: list[Items] = batch.user_items
+    session_items: list[Items] = batch.session_items
     sessions: dict[tuple[str, str, str], _BatchSession] = {}
     # The app and user maps the batch sets, by prefix (see _BatchSession).
     shared: dict[bytes, dict[str, bytes]] = {}
-    # First pass: each request's session (None: not stored) and id key.
-    owners: list[_BatchSession | None] = []
-    id_keys: list[bytes] = []
-    request: AppendRequest
-    session: _BatchSession
-    for request in requests:
-        ids = (request.app_name, request.user_id, request.session_id)
+    # Each key's stored session (None: not stored); two keys naming one
+    # session share its _BatchSession.
+    owned: list[_BatchSession | None] = []
+    for ids in keys:
         found = sessions.get(ids)
         if found is None:
             found = _batch_session(txn, store, shared, ids, format_1)
             if found is not None:
                 sessions[ids] = found
-        owners.append(found)
+        owned.append(found)
+    size: cython.Py_ssize_t = len(events)
+    index: cython.Py_ssize_t
+    session: _BatchSession
+    id_keys: list[bytes] = []
+    for index in range(size):
+        found = owned[owners[index]]
         if found is None:
             id_keys.append(b"")
         else:
             session = found
-            id_keys.append(session.id_prefix + unique_part(request.event_id))
+            id_keys.append(session.id_prefix + _id_part(event_ids[index]))
     known_ids = set(data.getmulti([k for k in id_keys if k], values=False))
-    results: list[AppendResult] = []
+    repeats: list[int] = []
+    # Per key: the event count after its last event appended (None: none was), and its time.
+    last_counts: list[Any] = [None] * len(keys)
+    last_times: list[float] = [0.0] * len(keys)
     # Events of this batch by id key: not yet in the store, seen by repeats.
     batch_events: dict[bytes, bytes] = {}
-    index: cython.Py_ssize_t
     items: Items
+    owner: cython.Py_ssize_t
     count: cython.longlong
     timestamp: cython.double
-    for index in range(len(requests)):
-        request = requests[index]
-        found = owners[index]
+    for index in range(size):
+        owner = owners[index]
+        found = owned[owner]
         id_key: bytes = id_keys[index]
-        event: bytes = request.event
+        event: bytes = events[index]
         stored = None
         if found is not None:
             session = found
@@ -470,35 +496,35 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
             if stored is None and id_key in known_ids:
                 stored = _stored_event(txn, data_db, session.number, id_key)
         # A locked append of a new event to a stored session always goes on
-        # (see check_append): only the other cases are checked.
-        if found is None or stored is not None or not request.locked:
+        # (see check_append): only a missing session or a repeat is checked.
+        if found is None or stored is not None:
             record = None
             if found is not None:
                 session = found
                 session.settle()
                 record = session.record
             try:
-                if check_append(record, request, stored):
-                    results.append(AppendResult(None, duplicate=True))
+                if check_append(record, batch.request(index), stored):
+                    repeats.append(index)
                     continue
             except Exception as error:
                 raise PartialBatch(index, error) from error
         assert found is not None  # check_append refuses a missing session
         session = found
         # A loop over the few items of each map costs less than dict.update.
-        items = request.app_items
+        items = app_items[index]
         if items:
             for key, value in items:
                 session.app_state[key] = value
-        items = request.user_items
+        items = user_items[index]
         if items:
             for key, value in items:
                 session.user_state[key] = value
-        items = request.session_items
+        items = session_items[index]
         if items:
             for key, value in items:
                 session.session_state[key] = value
-        timestamp = request.timestamp
+        timestamp = timestamps[index]
         count = session.count
         # Out of time order (see in_time_order): the session needs a time index from now on.
         if not session.timed and count != session.removed and timestamp < session.last_time:
@@ -517,13 +543,13 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
         count += 1
         session.count = count
         session.last_time = timestamp
-        session.last_event_id = request.event_id
-        marker: str = f"{session.marker_prefix}{count}{session.marker_suffix}"
-        results.append(AppendResult(marker, timestamp))
+        session.last_event_id = event_ids[index]
+        last_counts[owner] = count
+        last_times[owner] = timestamp
     _put_entries(data, sessions, True)
     shared_puts: list[tuple[bytes, bytes]] = []
-    for owner, state in shared.items():
-        _add_items(shared_puts, owner, state.items())
+    for prefix, state in shared.items():
+        _add_items(shared_puts, prefix, state.items())
     if shared_puts:
         txn.cursor(db=store._shared).putmulti(shared_puts)
     sessions_db = store._sessions
@@ -532,7 +558,15 @@ def append_batch(store: Any, txn: Any, requests: list[AppendRequest]) -> list[Ap
         record = session.record
         txn.put(session.key, pack(record.to_list()), db=sessions_db)
         _relist(txn, store, record, session.app, session.key, session.old_time)
-    return results
+    # Each key's marker after its last event (the marker of SessionRecord, from its parts).
+    markers: list[str | None] = [None] * len(keys)
+    for index in range(len(keys)):
+        last = last_counts[index]
+        found = owned[index]
+        if last is not None and found is not None:
+            session = found
+            markers[index] = f"{session.marker_prefix}{last}{session.marker_suffix}"
+    return BatchResult(size, repeats, markers, last_times)
 
 
 @cython.cfunc

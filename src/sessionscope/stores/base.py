@@ -28,10 +28,12 @@ from ..codec import events_equal
 from ..errors import DuplicateEventError, SessionNotFoundError, StaleSessionError
 
 __all__ = [
+    "AppendBatch",
     "AppendRequest",
     "AppendResult",
     "AsyncStore",
     "BatchOutcome",
+    "BatchResult",
     "Completion",
     "EventCopy",
     "Expirer",
@@ -56,6 +58,7 @@ __all__ = [
     "list_position",
     "marker_position",
     "page_records",
+    "result_of_batch",
 ]
 
 T = TypeVar("T")
@@ -356,8 +359,120 @@ class PartialBatch(Exception):
         self.error = error
 
 
-# What a batch append did: a result per request appended, and what stopped it.
+# What a store that appends a batch one request at a time gathers: a result
+# per request appended, and what stopped it (see ``result_of_batch``).
 BatchOutcome = tuple[list[AppendResult], "BaseException | None"]
+
+
+@dataclass(slots=True)
+class AppendBatch:
+    """Many locked appends without catch-up, one list per field: a bulk append's request.
+
+    Event ``n`` goes to the session ``keys[owners[n]]`` (app, user, session
+    id); its id, time, stored record and packed state items are the ``n``-th
+    entries of the other lists. A batch of a thousand events is a few lists
+    rather than a thousand request objects, and a store reads each list once.
+    Each event is applied on top of what is stored, as ``AppendRequest`` with
+    ``locked`` and without ``catch_up``.
+    """
+
+    keys: list[tuple[str, str, str]] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    event_ids: list[str] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    events: list[bytes] = field(default_factory=list)
+    app_items: list[Items] = field(default_factory=list)
+    user_items: list[Items] = field(default_factory=list)
+    session_items: list[Items] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def request(self, index: int) -> AppendRequest:
+        """Return event ``index`` as a request of its own."""
+        app_name, user_id, session_id = self.keys[self.owners[index]]
+        return AppendRequest(
+            app_name,
+            user_id,
+            session_id,
+            self.event_ids[index],
+            self.timestamps[index],
+            self.events[index],
+            self.app_items[index],
+            self.user_items[index],
+            self.session_items[index],
+            locked=True,
+        )
+
+    def requests(self) -> list[AppendRequest]:
+        """Return every event as a request of its own, in order."""
+        return [self.request(index) for index in range(len(self.events))]
+
+    def head(self, count: int) -> AppendBatch:
+        """Return the batch of the first ``count`` events (the same sessions)."""
+        return AppendBatch(
+            self.keys,
+            self.owners[:count],
+            self.event_ids[:count],
+            self.timestamps[:count],
+            self.events[:count],
+            self.app_items[:count],
+            self.user_items[:count],
+            self.session_items[:count],
+        )
+
+    @classmethod
+    def of(cls, requests: Iterable[AppendRequest]) -> AppendBatch:
+        """Return the batch of requests' events, each applied as a locked append."""
+        batch = cls()
+        keys: dict[tuple[str, str, str], int] = {}
+        for request in requests:
+            ids = (request.app_name, request.user_id, request.session_id)
+            batch.owners.append(keys.setdefault(ids, len(keys)))
+            batch.event_ids.append(request.event_id)
+            batch.timestamps.append(request.timestamp)
+            batch.events.append(request.event)
+            batch.app_items.append(request.app_items)
+            batch.user_items.append(request.user_items)
+            batch.session_items.append(request.session_items)
+        batch.keys = list(keys)
+        return batch
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What a batch append did, without an object per event.
+
+    The first ``applied`` events were handled: appended, or skipped as
+    repeats (their positions in ``repeats``). ``markers[k]`` and ``times[k]``
+    are the marker and last update time of the session ``keys[k]`` after its
+    last event appended, None and 0.0 where none was. ``error`` stopped the
+    batch at event ``applied`` (None when all were handled): the events
+    before it stay appended, those after it were not tried.
+    """
+
+    applied: int
+    repeats: list[int]
+    markers: list[str | None]
+    times: list[float]
+    error: BaseException | None = None
+
+
+def result_of_batch(
+    batch: AppendBatch, results: list[AppendResult], error: BaseException | None
+) -> BatchResult:
+    """Return the batch result of the per-event results of a batch's first events."""
+    markers: list[str | None] = [None] * len(batch.keys)
+    times = [0.0] * len(batch.keys)
+    repeats: list[int] = []
+    owners = batch.owners
+    for index, result in enumerate(results):
+        if result.duplicate or result.marker is None:
+            repeats.append(index)
+            continue
+        markers[owners[index]] = result.marker
+        times[owners[index]] = result.last_update_time
+    return BatchResult(len(results), repeats, markers, times, error)
 
 
 def marker_position(marker: str | None) -> tuple[int, int] | None:
@@ -556,12 +671,13 @@ class Store(Protocol):
         """Append one event and apply its packed delta, all or nothing."""
         ...
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in order, in as few transactions as possible (replay, import).
 
-        Returns the results of the requests appended and the error that
-        stopped the batch (None when all were): the requests before a failing
-        one stay appended, those after it are not tried.
+        Returns how far the batch went, each session's marker after it, and
+        the error that stopped it (None when every event was handled): the
+        events before a failing one stay appended, those after it are not
+        tried.
         """
         ...
 
@@ -705,7 +821,7 @@ class AsyncStore(Protocol):
         """Append one event; see ``Store.append``."""
         ...
 
-    def append_many(self, requests: list[AppendRequest]) -> Awaitable[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Awaitable[BatchResult]:
         """Append a batch; see ``Store.append_many``."""
         ...
 
@@ -834,9 +950,9 @@ class InlineAsyncStore:
         """Append one event; see ``Store.append``."""
         return self._store.append(request)
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch; see ``Store.append_many``."""
-        return self._store.append_many(requests)
+        return self._store.append_many(batch)
 
     async def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map; see ``Store.read_app_state``."""

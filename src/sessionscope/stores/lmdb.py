@@ -73,9 +73,10 @@ from .base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
     BATCH_SESSIONS,
+    AppendBatch,
     AppendRequest,
     AppendResult,
-    BatchOutcome,
+    BatchResult,
     Completion,
     EventCopy,
     Expirer,
@@ -95,6 +96,7 @@ from .base import (
     finite_float,
     list_position,
     page_records,
+    result_of_batch,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
@@ -1255,7 +1257,7 @@ class LmdbStore:
         """Append one event and apply its packed delta, all or nothing."""
         return self._write(lambda txn: self._append(txn, request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in one transaction; on an error, commit those before it.
 
         Each session record is read once and written once per batch, and the
@@ -1263,17 +1265,19 @@ class LmdbStore:
         than a Python call per entry.
         """
 
-        def append_all(txn: Any) -> list[AppendResult]:
-            return _hot.append_batch(self, txn, requests)
+        def append_all(txn: Any) -> BatchResult:
+            return _hot.append_batch(self, txn, batch)
 
         try:
-            return Completion.done((self._write(append_all).result(), None))
+            return Completion.done(self._write(append_all).result())
         except PartialBatch as partial:
             # The transaction was aborted: append again what came before the error.
-            done: list[AppendResult] = []
             if partial.applied:
-                done, _ = self.append_many(requests[: partial.applied]).result()
-            return Completion.done((done, partial.error))
+                done = self.append_many(batch.head(partial.applied)).result()
+            else:
+                done = result_of_batch(batch, [], None)
+            done.error = partial.error
+            return Completion.done(done)
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""

@@ -15,9 +15,10 @@ from typing import Any
 from ..codec import decode_values
 from ..errors import AlreadyExistsError, SessionNotFoundError, StoreClosedError
 from .base import (
+    AppendBatch,
     AppendRequest,
     AppendResult,
-    BatchOutcome,
+    BatchResult,
     Completion,
     EventCopy,
     Expirer,
@@ -35,6 +36,7 @@ from .base import (
     event_copy,
     events_seen,
     page_records,
+    result_of_batch,
 )
 
 __all__ = ["MemoryStore"]
@@ -195,17 +197,17 @@ class MemoryStore:
             except Exception as error:  # handed to the caller
                 return Completion.failed(error)
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in order under one lock; stop at the first error."""
         with self._lock:
             self._check_open()
             results: list[AppendResult] = []
-            for request in requests:
+            for request in batch.requests():
                 try:
                     results.append(self._append(request))
                 except Exception as error:  # it stops the batch; the caller raises it
-                    return Completion.done((results, error))
-            return Completion.done((results, None))
+                    return Completion.done(result_of_batch(batch, results, error))
+            return Completion.done(result_of_batch(batch, results, None))
 
     def _append(self, request: AppendRequest) -> AppendResult:
         stored = self._find(request.app_name, request.user_id, request.session_id)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from hashlib import blake2b
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio
@@ -67,9 +67,11 @@ from ..errors import (
 from .base import (
     BATCH_EVENTS,
     BATCH_SESSIONS,
+    AppendBatch,
     AppendRequest,
     AppendResult,
     BatchOutcome,
+    BatchResult,
     Completion,
     Expirer,
     Items,
@@ -84,6 +86,7 @@ from .base import (
     event_copy,
     list_position,
     page_records,
+    result_of_batch,
 )
 
 hiredis: Any
@@ -100,7 +103,7 @@ FORMAT_VERSION = 1
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_3"
+LIBRARY = "sessionscope_4"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
@@ -118,6 +121,15 @@ _RECORD_FIELDS = ("app", "user", "sid", "n", "c", "u", "k", "l", "r")
 Command = tuple[Any, ...]
 # An operation: yields the commands of each round trip, receives their replies.
 Plan = Generator[list[Command], list[Any], T]
+# A read placed in a batch: (how many of the batch's requests come before it,
+# app, user, session id, num_recent_events, after_timestamp).
+BatchRead = tuple[int, str, str, str, "int | None", "float | None"]
+# What ``append_many_reading`` returns: the results of the requests stored,
+# the error that stopped the batch (None: it all went), and the answers of
+# the reads placed before that point, in order (None: no such session).
+ReadingOutcome = tuple[list[AppendResult], "BaseException | None", "list[LoadedSession | None]"]
+# What an append call carries in order: runs of one session's requests, and reads.
+Run: TypeAlias = "list[AppendRequest] | BatchRead"
 
 
 @lru_cache(maxsize=1)
@@ -392,6 +404,23 @@ class _Operations:
         num_recent_events: int | None,
         after_timestamp: float | None,
     ) -> Plan[LoadedSession | None]:
+        call = self._load_call(app_name, user_id, session_id, num_recent_events, after_timestamp)
+        if self.cluster:
+            reply, astate = yield [call, ("HGETALL", self.keys.app(app_name)[0])]
+        else:
+            (reply,) = yield [call]
+            astate = None
+        return (yield from self._loaded(app_name, user_id, session_id, reply, astate))
+
+    def _load_call(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> Command:
+        """Return the FCALL_RO reading a session (see ``load`` in redis_functions.lua)."""
         rec, events, _, times, state, positions, _ = self.keys.session(
             app_name, user_id, session_id
         )
@@ -401,12 +430,15 @@ class _Operations:
             "" if num_recent_events is None else num_recent_events,
             "" if after_timestamp is None else _number_text(after_timestamp),
         ]
-        call = ("FCALL_RO", _FN + "load", len(fkeys), *fkeys, *args)
-        app_state = self.keys.app(app_name)[0]
-        if self.cluster:
-            reply, astate = yield [call, ("HGETALL", app_state)]
-        else:
-            (reply,) = yield [call]
+        return ("FCALL_RO", _FN + "load", len(fkeys), *fkeys, *args)
+
+    def _loaded(
+        self, app_name: str, user_id: str, session_id: str, reply: Any, astate: Any
+    ) -> Plan[LoadedSession | None]:
+        """Decode a load reply; on a cluster, finish pending app deltas and read the app map.
+
+        ``astate`` is the app map read beside the call (cluster only).
+        """
         if reply is None:
             return None
         fields, event_list, sstate, ustate_reply, astate_reply, pending = reply
@@ -420,7 +452,7 @@ class _Operations:
         if self.cluster:
             if pending:
                 yield from self._finish_pending(app_name, user_id, pending)
-                (astate,) = yield [("HGETALL", app_state)]
+                (astate,) = yield [("HGETALL", self.keys.app(app_name)[0])]
         else:
             astate = astate_reply
         return LoadedSession(
@@ -551,26 +583,39 @@ class _Operations:
             *self._app_keys(app_name),
         )
 
-    def _call(self, runs: list[list[AppendRequest]], guard: bytes, guarded: bool) -> Command:
+    def _call(self, runs: list[Run], guard: bytes, guarded: bool) -> Command:
         """Return the FCALL appending runs of requests, each run to one session.
 
         Each session's keys and id travel once per call, however many runs
-        of it the call has (a batch interleaving sessions has many).
+        of it the call has (a batch interleaving sessions has many). A read
+        placed among the runs (a ``BatchRead``) is answered in its place.
         """
         keys: list[Any] = []
         sids: list[str] = []
         numbers: dict[tuple[str, str, str], int] = {}
         args: list[Any] = []
         for run in runs:
-            first = run[0]
-            ident = (first.app_name, first.user_id, first.session_id)
+            read = run if isinstance(run, tuple) else None
+            requests: list[AppendRequest] = []
+            if read is not None:
+                ident = (read[1], read[2], read[3])
+            else:
+                assert isinstance(run, list)
+                requests = run
+                first = run[0]
+                ident = (first.app_name, first.user_id, first.session_id)
             number = numbers.get(ident)
             if number is None:
                 number = numbers[ident] = len(sids) + 1
                 keys += self._append_keys(*ident)
-                sids.append(first.session_id)
-            args += (number, len(run))
-            for request in run:
+                sids.append(ident[2])
+            if read is not None:
+                last_n, after = read[4], read[5]
+                args += (number, -1, "" if last_n is None else last_n,
+                         "" if after is None else _number_text(after))  # fmt: skip
+                continue
+            args += (number, len(requests))
+            for request in requests:
                 _request_args(request, args)
         return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
                 1 if guarded else 0, self.settings.ttl, len(sids), len(keys) // len(sids),
@@ -652,47 +697,148 @@ class _Operations:
         start = 0
         while start < len(requests):
             group = self._slot_group(requests, start)
-            first = requests[start]
-            guard = self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+            guard = self._new_guard(requests[start])
             calls = _calls(_session_runs(requests[start : start + group]))
-            apps = {r.app_name for r in requests[start : start + group]}
-            upkeep = [c for app in sorted(apps) for c in self._app_upkeep(app)]
-            replies = yield [*(self._call(runs, guard, True) for runs in calls), *upkeep,
+            replies = yield [*(self._call(runs, guard, True) for runs in calls),
+                             *self._batch_upkeep(requests[start : start + group]),
                              *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
-            error: BaseException | None = None
-            stopped_at: int | None = None
-            position = start
-            for runs, (outcomes, pending) in zip(calls, replies, strict=False):
-                if self.cluster and pending:
-                    yield from self._finish_pending(runs[0][0].app_name, runs[0][0].user_id,
-                                                    pending)  # fmt: skip
-                for run, (results, *marker) in zip(runs, outcomes, strict=False):
-                    parts = _marker_parts(marker)
-                    for request, result in zip(run, results, strict=False):
-                        try:
-                            done.append(self._result(request, result, parts))
-                        except Exception as failure:  # it stops the batch; the caller raises it
-                            error = failure
-                        if error is not None or (type(result) is not int and result[0] == b"no"):
-                            stopped_at = position
-                            break
-                        position += 1
-                    if stopped_at is not None:
-                        break
-                if stopped_at is not None:
+            position, stopped, error = start, False, None
+            for runs, reply in zip(calls, replies, strict=False):
+                position, stopped, error = yield from self._take(runs, reply, position, done)
+                if stopped:
                     break
-            if stopped_at is not None:
+            if stopped:
                 yield [("DEL", guard)]
                 if error is not None:
                     return done, error
                 # A repeat with other bytes but equal content stopped the
                 # server; go on after it.
-                start = stopped_at + 1
+                start = position + 1
                 continue
             start += group
         return done, None
+
+    def append_many_reading(
+        self, requests: list[AppendRequest], reads: list[BatchRead]
+    ) -> Plan[ReadingOutcome]:
+        """Append a batch and answer reads placed between its requests; see ``RedisStore``.
+
+        On one server the whole batch is one pipeline: the append calls of
+        the requests before a read, the read's own call, the calls up to the
+        next read, and so on. The server runs a connection's commands in
+        order, so each read answers what a read sent after the requests
+        before it would. The calls share one guard key: after a refused
+        request the later calls append nothing, and the reads after it are
+        not answered.
+        """
+        if self.cluster:
+            return (yield from self._append_then_read(requests, reads))
+        done: list[AppendResult] = []
+        loaded: list[LoadedSession | None] = []
+        start, first_read = 0, 0
+        while start < len(requests) or first_read < len(reads):
+            guard = self._new_guard(requests[start] if start < len(requests) else None)
+            runs: list[Run] = []
+            position = start
+            for read in (*reads[first_read:], None):
+                end = len(requests) if read is None else read[0]
+                runs.extend(_session_runs(requests[position:end]))
+                position = end
+                if read is not None:
+                    runs.append(read)
+            calls = _calls(runs)
+            replies = yield [*(self._call(c, guard, True) for c in calls),
+                             *self._batch_upkeep(requests[start:]), *self._waits()]  # fmt: skip
+            if self.settings.wait:
+                self._check_wait(replies[-1])
+            position, stopped, error = start, False, None
+            answered = len(loaded)
+            for runs_of_call, reply in zip(calls, replies, strict=False):
+                position, stopped, error = yield from self._take(
+                    runs_of_call, reply, position, done, loaded
+                )
+                if stopped:
+                    break
+            first_read += len(loaded) - answered
+            if not stopped:
+                return done, None, loaded
+            yield [("DEL", guard)]
+            if error is not None:
+                return done, error, loaded
+            # A repeat with other bytes but equal content stopped the server:
+            # go on after it; the reads after it saw too little and are sent again.
+            start = position + 1
+        return done, None, loaded
+
+    def _append_then_read(
+        self, requests: list[AppendRequest], reads: list[BatchRead]
+    ) -> Plan[ReadingOutcome]:
+        """Append the requests before each read, then read: one step after another.
+
+        For a cluster, whose pipelines keep no order between nodes.
+        """
+        done: list[AppendResult] = []
+        loaded: list[LoadedSession | None] = []
+        position = 0
+        for read in (*reads, None):
+            end = len(requests) if read is None else read[0]
+            if end > position:
+                part, error = yield from self.append_many(requests[position:end])
+                done += part
+                if error is not None:
+                    return done, error, loaded
+                position = end
+            if read is not None:
+                loaded.append((yield from self.load(*read[1:])))
+        return done, None, loaded
+
+    def _new_guard(self, first: AppendRequest | None) -> bytes:
+        """Return a fresh guard key for a batch, in the slot of its first request."""
+        if first is None:
+            return self.keys.base + b"g:" + secrets.token_hex(8).encode()
+        return self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+
+    def _batch_upkeep(self, requests: list[AppendRequest]) -> list[Command]:
+        apps = {r.app_name for r in requests}
+        return [c for app in sorted(apps) for c in self._app_upkeep(app)]
+
+    def _take(
+        self,
+        runs: list[Run],
+        reply: Any,
+        position: int,
+        done: list[AppendResult],
+        loaded: list[LoadedSession | None] | None = None,
+    ) -> Plan[tuple[int, bool, BaseException | None]]:
+        """Decode one append call's reply into ``done``: (position after it, stopped, error).
+
+        A refusal stops the batch, and so does a result the client cannot
+        take (its error is returned); ``position`` is then the stopped
+        request's. The answers of reads placed in the call go to ``loaded``.
+        """
+        outcomes, pending = reply
+        if self.cluster and pending:
+            first = runs[0]
+            assert type(first) is list
+            yield from self._finish_pending(first[0].app_name, first[0].user_id, pending)
+        for run, outcome in zip(runs, outcomes, strict=False):
+            if isinstance(run, tuple):
+                assert loaded is not None
+                loaded.append((yield from self._loaded(run[1], run[2], run[3], outcome, None)))
+                continue
+            results, *marker = outcome
+            parts = _marker_parts(marker)
+            for request, result in zip(run, results, strict=False):
+                try:
+                    done.append(self._result(request, result, parts))
+                except Exception as failure:  # it stops the batch; the caller raises it
+                    return position, True, failure
+                if type(result) is not int and result[0] == b"no":
+                    return position, True, None
+                position += 1
+        return position, False, None
 
     def _slot_group(self, requests: list[AppendRequest], start: int) -> int:
         """Return how many requests from ``start`` may be pipelined under one guard key."""
@@ -943,16 +1089,20 @@ def _marker_parts(reply: list[Any]) -> tuple[str, str]:
     return (number.decode() + ":", f":{removed}" if removed else "")
 
 
-def _calls(runs: Iterable[list[AppendRequest]]) -> list[list[list[AppendRequest]]]:
-    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here)."""
-    calls: list[list[list[AppendRequest]]] = []
+def _calls(runs: Iterable[Run]) -> list[list[Run]]:
+    """Group runs into calls of about ``_CHUNK`` requests (a run is never split here).
+
+    A read placed among them counts as one request.
+    """
+    calls: list[list[Run]] = []
     size = _CHUNK
     for run in runs:
-        if size + len(run) > _CHUNK:
+        weight = 1 if type(run) is tuple else len(run)
+        if size + weight > _CHUNK:
             calls.append([])
             size = 0
         calls[-1].append(run)
-        size += len(run)
+        size += weight
     return calls
 
 
@@ -1100,6 +1250,12 @@ class _AsyncRunner:
             )
         else:
             await self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
+
+
+def _batch_plan(batch: AppendBatch, ops: _Operations) -> Plan[BatchResult]:
+    """Append a batch request by request (``append_many`` of the ops); sum up what it did."""
+    results, error = yield from ops.append_many(batch.requests())
+    return result_of_batch(batch, results, error)
 
 
 class _Shielded(Awaitable[T]):
@@ -1254,9 +1410,9 @@ class _AsyncRedisStore:
         """Append one event; see ``Store.append``."""
         return self._write(lambda: self._store._ops.append(request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Awaitable[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Awaitable[BatchResult]:
         """Append a batch; see ``Store.append_many``."""
-        return self._write(lambda: self._store._ops.append_many(requests))
+        return self._write(lambda: _batch_plan(batch, self._store._ops))
 
     async def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map; see ``Store.read_app_state``."""
@@ -1517,13 +1673,36 @@ class RedisStore:
         """Append one event and apply its packed delta, all or nothing, in one FCALL."""
         return self._write(self._ops.append(request))
 
-    def append_many(self, requests: list[AppendRequest]) -> Completion[BatchOutcome]:
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch, pipelined; stop at the first refused request."""
         self._check_open()
         try:
-            return Completion.done(self._sync.run(self._ops.append_many(requests)))
+            return Completion.done(self._sync.run(_batch_plan(batch, self._ops)))
         except Exception as error:  # a network failure stops the batch too
-            return Completion.done(([], error))
+            return Completion.done(result_of_batch(batch, [], error))
+
+    def append_many_reading(
+        self, batch: AppendBatch, reads: list[BatchRead]
+    ) -> tuple[BatchResult, list[LoadedSession | None]]:
+        """Append a batch, as ``append_many``, and answer reads placed between its events.
+
+        Each read ``(position, app, user, session id, num_recent_events,
+        after_timestamp)`` is answered as ``load_session`` would answer it
+        once the batch's first ``position`` events are stored, and before
+        the others are: a replay that reads between appends keeps its
+        batches whole. On one server the reads travel inside the batch's
+        calls (a cluster takes a step per read). A refused event stops the
+        batch as in ``append_many``; the reads placed after it are not
+        answered.
+        """
+        self._check_open()
+        try:
+            results, stop, loaded = self._sync.run(
+                self._ops.append_many_reading(batch.requests(), reads)
+            )
+        except Exception as error:  # a network failure stops the batch too
+            return result_of_batch(batch, [], error), []
+        return result_of_batch(batch, results, stop), loaded
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""

@@ -1,5 +1,5 @@
-#!lua name=sessionscope_3
--- The server side of sessionscope's Redis store (library version 3).
+#!lua name=sessionscope_4
+-- The server side of sessionscope's Redis store (library version 4).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -177,6 +177,49 @@ local function events_seen(flags, marker, last_id, number, ids_key)
     return tonumber(seq) + 1
 end
 
+-- KEYS: record, events, times, state, positions, user state, pending[, app state]
+-- ARGV: last n ('' for all), after timestamp ('' for none)
+local function load(keys, args)
+    local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+    local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
+    local rec = read_record(rec_key)
+    if not rec then
+        return false
+    end
+    local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
+    local n = nil
+    if args[1] ~= '' then
+        n = tonumber(args[1])
+    end
+    local seqs
+    if args[2] ~= '' and not n then
+        -- Only the events at or after the time are read.
+        seqs = redis.call('ZRANGE', tm_key, args[2], '+inf', 'BYSCORE')
+        table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+    else
+        seqs = last_positions(pos_key, removed, count, n)
+        if args[2] ~= '' and #seqs > 0 then
+            -- The last n first, then the filter: only their times are read.
+            local after = tonumber(args[2])
+            local scores = redis.call('ZMSCORE', tm_key, unpack(seqs))
+            local kept = {}
+            for i, score in ipairs(scores) do
+                if score and tonumber(score) >= after then
+                    kept[#kept + 1] = seqs[i]
+                end
+            end
+            seqs = kept
+        end
+    end
+    local pending = {}
+    if not app_key then
+        pending = pending_of(pend_key)
+    end
+    return {rec, events_of(ev_key, seqs), redis.call('HGETALL', st_key),
+        redis.call('HGETALL', ust_key), app_key and redis.call('HGETALL', app_key) or false,
+        pending}
+end
+
 -- Writes are gathered per key and issued together (one HSET or ZADD per key
 -- and call) when the call ends or before anything reads them back: a bulk
 -- call that interleaves sessions pays a few calls per session, not per event.
@@ -220,21 +263,32 @@ end
 
 -- Issues every gathered write of the call: the sessions' keys, then the
 -- user maps (each map's items in request order, so the latest value wins).
-local function flush_call(call)
-    for _, s in ipairs(call.sessions) do
-        local w, keys = s.w, s.keys
-        put('HSET', keys[2], w.ev)
-        put('HSET', keys[3], w.ids)
-        put('ZADD', keys[4], w.tm)
-        put('HSET', keys[5], w.st)
-        put('HSET', keys[7], w.names)
-        put('ZADD', keys[6], w.pos)
-        s.w = new_writes()
+local function flush_session(s)
+    local w, keys = s.w, s.keys
+    if #w.ev == 0 and #w.st == 0 then
+        return
     end
+    put('HSET', keys[2], w.ev)
+    put('HSET', keys[3], w.ids)
+    put('ZADD', keys[4], w.tm)
+    put('HSET', keys[5], w.st)
+    put('HSET', keys[7], w.names)
+    put('ZADD', keys[6], w.pos)
+    s.w = new_writes()
+end
+
+local function flush_user_items(call)
     for _, key in ipairs(call.user_keys) do
         put('HSET', key, call.user_items[key])
         call.user_items[key] = {}
     end
+end
+
+local function flush_call(call)
+    for _, s in ipairs(call.sessions) do
+        flush_session(s)
+    end
+    flush_user_items(call)
 end
 
 local function user_items(call, key)
@@ -484,19 +538,34 @@ local function append_straight(keys, args, ttl, total)
     return {{{results, number, removed}}, pending}
 end
 
+-- A read placed between a call's runs answers as load would after the runs
+-- before it: the session's gathered writes, the user maps' and its record
+-- are issued first (the app map is written as the call goes).
+local function read_in_call(call, s, n, after)
+    flush_session(s)
+    flush_user_items(call)
+    local k = s.keys
+    if s.wrote then
+        redis.call('HSET', k[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last)
+    end
+    return load({k[1], k[2], k[4], k[5], k[6], k[8], k[10], k[12]}, {n, after})
+end
+
 -- KEYS: the batch's guard, then per session of the call: record, events,
 --       ids, times, state, positions, names, user state, index, pending,
 --       counter[, app state]
 -- ARGV: guarded (1 in a batch), ttl, session count, keys per session, run
 --   count, each session's id, then per run: its session (1-based), request
---   count and the requests (see append_one).
+--   count and the requests (see append_one); or, for a read placed there,
+--   its session, -1, and load's two arguments (last n, after timestamp).
 -- A run is consecutive requests of one session; a bulk call that
 -- interleaves sessions has many runs and reads each session once. Every
 -- session of a call shares a slot on a cluster (one user's). Returns {runs,
--- pending}: per run tried, {results, session number, truncated count} (a
--- refusal ends the call, and in a batch marks its guard so that the calls
--- after it append nothing), and the pending app deltas of the call's user
--- (cluster mode) for the client to finish.
+-- pending}: per run tried, {results, session number, truncated count}, or a
+-- read's answer as load gives it (a refusal ends the call, and in a batch
+-- marks its guard so that the calls after it append nothing), and the
+-- pending app deltas of the call's user (cluster mode) for the client to
+-- finish.
 local function append(keys, args)
     local guard_key, guarded, ttl = keys[1], args[1] == '1', tonumber(args[2])
     local n_sessions, per, n_runs = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
@@ -505,7 +574,7 @@ local function append(keys, args)
         -- An earlier part of this batch failed: nothing after it is tried.
         return {out, {}}
     end
-    if n_sessions == 1 and n_runs == 1 then
+    if n_sessions == 1 and n_runs == 1 and tonumber(args[8]) > 0 then
         local reply = append_straight(keys, args, ttl, tonumber(args[8]))
         if reply then
             return reply
@@ -525,6 +594,9 @@ local function append(keys, args)
     for _ = 1, n_runs do
         local s, total = call.sessions[tonumber(args[pos])], tonumber(args[pos + 1])
         pos = pos + 2
+        if total < 0 then
+            pos = pos + 2
+        end
         for _ = 1, total do
             s.ids[#s.ids + 1] = args[pos]
             pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
@@ -538,6 +610,10 @@ local function append(keys, args)
         local s, total = call.sessions[tonumber(args[pos])], tonumber(args[pos + 1])
         pos = pos + 2
         local results, refused = {}, false
+        if total < 0 then
+            results = read_in_call(call, s, args[pos], args[pos + 1])
+            pos = pos + 2
+        end
         for i = 1, total do
             results[i], pos = append_one(call, s, args, pos)
             if type(results[i]) == 'table' and results[i][1] == 'no' then
@@ -545,7 +621,11 @@ local function append(keys, args)
                 break
             end
         end
-        out[r] = {results, s.number or false, s.removed}
+        if total < 0 then
+            out[r] = results
+        else
+            out[r] = {results, s.number or false, s.removed}
+        end
         if refused then
             if guarded then
                 redis.call('SET', guard_key, '1', 'EX', 60)
@@ -617,49 +697,6 @@ local function create(keys, args)
     end
     return {rec, redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
         app_key and redis.call('HGETALL', app_key) or false, pending}
-end
-
--- KEYS: record, events, times, state, positions, user state, pending[, app state]
--- ARGV: last n ('' for all), after timestamp ('' for none)
-local function load(keys, args)
-    local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
-    local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
-    local rec = read_record(rec_key)
-    if not rec then
-        return false
-    end
-    local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
-    local n = nil
-    if args[1] ~= '' then
-        n = tonumber(args[1])
-    end
-    local seqs
-    if args[2] ~= '' and not n then
-        -- Only the events at or after the time are read.
-        seqs = redis.call('ZRANGE', tm_key, args[2], '+inf', 'BYSCORE')
-        table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
-    else
-        seqs = last_positions(pos_key, removed, count, n)
-        if args[2] ~= '' and #seqs > 0 then
-            -- The last n first, then the filter: only their times are read.
-            local after = tonumber(args[2])
-            local scores = redis.call('ZMSCORE', tm_key, unpack(seqs))
-            local kept = {}
-            for i, score in ipairs(scores) do
-                if score and tonumber(score) >= after then
-                    kept[#kept + 1] = seqs[i]
-                end
-            end
-            seqs = kept
-        end
-    end
-    local pending = {}
-    if not app_key then
-        pending = pending_of(pend_key)
-    end
-    return {rec, events_of(ev_key, seqs), redis.call('HGETALL', st_key),
-        redis.call('HGETALL', ust_key), app_key and redis.call('HGETALL', app_key) or false,
-        pending}
 end
 
 -- KEYS: record, events, ids, times, state, positions, names, index.
@@ -810,13 +847,13 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_3_append', append)
-redis.register_function('sessionscope_3_create', create)
-redis.register_function{function_name = 'sessionscope_3_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_3_delete', delete)
-redis.register_function('sessionscope_3_truncate', truncate)
-redis.register_function('sessionscope_3_restore', restore)
-redis.register_function('sessionscope_3_apply', apply)
-redis.register_function('sessionscope_3_clear', clear)
-redis.register_function('sessionscope_3_prune', prune)
-redis.register_function{function_name = 'sessionscope_3_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_4_append', append)
+redis.register_function('sessionscope_4_create', create)
+redis.register_function{function_name = 'sessionscope_4_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_4_delete', delete)
+redis.register_function('sessionscope_4_truncate', truncate)
+redis.register_function('sessionscope_4_restore', restore)
+redis.register_function('sessionscope_4_apply', apply)
+redis.register_function('sessionscope_4_clear', clear)
+redis.register_function('sessionscope_4_prune', prune)
+redis.register_function{function_name = 'sessionscope_4_noop', callback = noop, flags = {'no-writes'}}
