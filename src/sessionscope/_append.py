@@ -136,10 +136,11 @@ def encode_event(event: Event) -> bytes:
     (``pack_plain``); any other goes through ``event_to_record``'s checks,
     whose errors name the bad value, and msgpack. The bytes are the same.
     """
-    packed = pack_plain(_record(event, False))
-    if packed is None:
-        packed = codec.packer().pack(_record(event, True))
-    return _EVENT_PREFIX + packed
+    stored = pack_plain(_record(event, False), _EVENT_PREFIX)
+    if stored is None:
+        packed: bytes = codec.packer().pack(_record(event, True))
+        stored = _EVENT_PREFIX + packed
+    return stored
 
 
 @cython.cfunc
