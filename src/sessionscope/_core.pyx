@@ -720,32 +720,45 @@ cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
 
 
 # One buffer for every call, grown as needed: packing runs under the GIL and
-# calls no Python code, so no other call can use it meanwhile. A buffer grown
-# past _KEPT_CAPACITY by a large value is given back after that call.
+# runs no Python code on its way. Only a failed step may (the exception it
+# makes can start the collector, and a finalizer could pack): a call that
+# finds the buffer in use takes one of its own. A buffer grown past
+# _KEPT_CAPACITY by a large value is given back after that call.
 cdef _Buffer _shared = _Buffer(NULL, 0, 0)
+cdef bint _shared_busy = False
 cdef Py_ssize_t _KEPT_CAPACITY = 1 << 16
 
 
 def pack_plain(value, prefix=b""):
     """Return ``prefix`` and the msgpack bytes of a plain value, or None: the caller packs it."""
+    global _shared_busy
+    cdef _Buffer own
+    cdef _Buffer* buf = &_shared
     cdef Py_ssize_t size
     if not PyBytes_CheckExact(prefix):
         raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
-    if _shared.data == NULL:
-        _shared.data = <char*>malloc(4096)
-        if _shared.data == NULL:
-            raise MemoryError()
-        _shared.capacity = 4096
-    _shared.size = 0
+    if _shared_busy:
+        own = _Buffer(NULL, 0, 0)
+        buf = &own
+    else:
+        _shared_busy = True
     try:
+        if buf.data == NULL:
+            buf.data = <char*>malloc(4096)
+            if buf.data == NULL:
+                raise MemoryError()
+            buf.capacity = 4096
+        buf.size = 0
         size = PyBytes_GET_SIZE(prefix)
         if size:
-            _put_raw(&_shared, PyBytes_AS_STRING(prefix), size)
-        if not _put_plain(&_shared, value, 0):
+            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        if not _put_plain(buf, value, 0):
             return None
-        return PyBytes_FromStringAndSize(_shared.data, _shared.size)
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
-        if _shared.capacity > _KEPT_CAPACITY:
-            free(_shared.data)
-            _shared.data = NULL
-            _shared.capacity = 0
+        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
+            free(buf.data)
+            buf.data = NULL
+            buf.capacity = 0
+        if buf is &_shared:
+            _shared_busy = False
