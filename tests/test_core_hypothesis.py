@@ -244,5 +244,16 @@ def test_pack_plain_declines_what_it_does_not_walk(core_impl: ModuleType) -> Non
     assert core_impl.pack_plain(_nested(63)) == codec.pack(_nested(63))
 
 
+def test_pack_plain_puts_the_prefix_first(core_impl: ModuleType) -> None:
+    """The prefix and the packed value in one bytes object; a prefix of another type is refused."""
+    value = {"text": "x" * 70_000, "n": [1, 2.5, None]}
+    assert core_impl.pack_plain(value, b"\x01") == b"\x01" + codec.pack(value)
+    # The buffer a large value grew is not kept: a small value after it packs alone.
+    assert core_impl.pack_plain("ok", b"") == codec.pack("ok")
+    assert core_impl.pack_plain({1: 2}, b"\x01") is None
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.pack_plain(1, "x")
+
+
 class _Text(str):
     pass

@@ -136,10 +136,11 @@ def encode_event(event: Event) -> bytes:
     (``pack_plain``); any other goes through ``event_to_record``'s checks,
     whose errors name the bad value, and msgpack. The bytes are the same.
     """
-    packed = pack_plain(_record(event, False))
-    if packed is None:
-        packed = codec.packer().pack(_record(event, True))
-    return _EVENT_PREFIX + packed
+    stored = pack_plain(_record(event, False), _EVENT_PREFIX)
+    if stored is None:
+        packed: bytes = codec.packer().pack(_record(event, True))
+        stored = _EVENT_PREFIX + packed
+    return stored
 
 
 @cython.cfunc
@@ -316,9 +317,17 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
     # Per live session (by id): its key's position in the batch's keys.
     positions: dict[int, tuple[Any, int]] = {}
     pack = codec.packer().pack
+    # The last event's session and its key's position: runs of one session's
+    # events skip the look-up.
+    last: Any = None
+    owner: int = 0
     try:
         for session, event in appends:
             if event.partial:
+                continue
+            if session is last:
+                prepared.owners.append(owner)
+                _prepare_into(model, pack, event, prepared)
                 continue
             known = positions.get(id(session))
             # The dict holds each session it saw, so no other object takes its id meanwhile.
@@ -330,7 +339,9 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
                 positions[id(session)] = known
                 prepared.keys.append((app, user, sid))
                 prepared.lives.append(session)
-            prepared.owners.append(known[1])
+            last = session
+            owner = known[1]
+            prepared.owners.append(owner)
             _prepare_into(model, pack, event, prepared)
     except BaseException:
         abandon_many(model, prepared, 0)
@@ -548,12 +559,31 @@ def _route_plain(pack: Any, delta: Any) -> Any:
         elif kind is not float and kind is not bool and value is not None and kind is not bytes:
             return None
         if name.startswith(APP_PREFIX):
-            app_items.append((name[_APP_LEN:], pack(value)))
+            app_items.append((_bare(name, _APP_LEN), pack(value)))
         elif name.startswith(USER_PREFIX):
-            user_items.append((name[_USER_LEN:], pack(value)))
+            user_items.append((_bare(name, _USER_LEN), pack(value)))
         else:
             session_items.append((name, pack(value)))
     return app_items, user_items, session_items, temp
+
+
+# App and user keys without their prefix, by prefixed key: the same few keys
+# recur append after append, and a kept str carries its hash for the store's
+# lookups. Bounded: past the limit a key is cut anew each time.
+_BARE_KEYS: dict[str, str] = {}
+_BARE_KEYS_LIMIT = 4096
+
+
+@cython.cfunc
+def _bare(name: str, prefix_length: cython.Py_ssize_t) -> str:
+    """Return an app or user key without its prefix."""
+    bare: Any = _BARE_KEYS.get(name)
+    if bare is None:
+        bare = name[prefix_length:]
+        if len(_BARE_KEYS) < _BARE_KEYS_LIMIT:
+            _BARE_KEYS[name] = bare
+    cut: str = bare
+    return cut
 
 
 # Indexes into the batch's lists are in range by construction: no checks.

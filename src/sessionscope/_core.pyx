@@ -553,7 +553,7 @@ cdef struct _Buffer:
     Py_ssize_t capacity
 
 
-cdef int _reserve(_Buffer* buf, Py_ssize_t more) except -1:
+cdef inline int _reserve(_Buffer* buf, Py_ssize_t more) except -1:
     cdef Py_ssize_t need = buf.size + more
     cdef Py_ssize_t capacity
     cdef char* grown
@@ -570,7 +570,9 @@ cdef int _reserve(_Buffer* buf, Py_ssize_t more) except -1:
     return 0
 
 
-cdef int _put_head(_Buffer* buf, unsigned char code, uint64_t value, int width) except -1:
+cdef inline int _put_head(
+    _Buffer* buf, unsigned char code, uint64_t value, int width
+) except -1:
     """Write a type byte, then ``value`` big-endian in ``width`` bytes (0 to 8)."""
     cdef int shift
     _reserve(buf, 1 + width)
@@ -582,7 +584,7 @@ cdef int _put_head(_Buffer* buf, unsigned char code, uint64_t value, int width) 
     return 0
 
 
-cdef int _put_raw(_Buffer* buf, const char* data, Py_ssize_t size) except -1:
+cdef inline int _put_raw(_Buffer* buf, const char* data, Py_ssize_t size) except -1:
     _reserve(buf, size)
     memcpy(buf.data + buf.size, data, size)
     buf.size += size
@@ -650,10 +652,16 @@ cdef int _put_str(_Buffer* buf, object text) except -1:
     """Pack a str as UTF-8; 0 for one that holds a lone surrogate or is too long."""
     cdef Py_ssize_t size
     cdef const char* data
-    try:
-        data = PyUnicode_AsUTF8AndSize(text, &size)
-    except UnicodeEncodeError:
-        return 0
+    _str_ready(text)
+    if PyUnicode_IS_ASCII(text):
+        # Compact ASCII text: its characters are its UTF-8 bytes.
+        size = PyUnicode_GET_LENGTH(text)
+        data = <const char*>PyUnicode_DATA(text)
+    else:
+        try:
+            data = PyUnicode_AsUTF8AndSize(text, &size)
+        except UnicodeEncodeError:
+            return 0
     if not _put_sized(buf, size, 0xA0, 32, 0xD9, 0xDA, 0xDB):
         return 0
     _put_raw(buf, data, size)
@@ -711,17 +719,46 @@ cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
     return 0
 
 
-def pack_plain(value):
-    """Return the msgpack bytes of a plain value, or None: the caller checks and packs it."""
-    cdef _Buffer buf
-    buf.size = 0
-    buf.capacity = 512
-    buf.data = <char*>malloc(buf.capacity)
-    if buf.data == NULL:
-        raise MemoryError()
+# One buffer for every call, grown as needed: packing runs under the GIL and
+# runs no Python code on its way. Only a failed step may (the exception it
+# makes can start the collector, and a finalizer could pack): a call that
+# finds the buffer in use takes one of its own. A buffer grown past
+# _KEPT_CAPACITY by a large value is given back after that call.
+cdef _Buffer _shared = _Buffer(NULL, 0, 0)
+cdef bint _shared_busy = False
+cdef Py_ssize_t _KEPT_CAPACITY = 1 << 16
+
+
+def pack_plain(value, prefix=b""):
+    """Return ``prefix`` and the msgpack bytes of a plain value, or None: the caller packs it."""
+    global _shared_busy
+    cdef _Buffer own
+    cdef _Buffer* buf = &_shared
+    cdef Py_ssize_t size
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if _shared_busy:
+        own = _Buffer(NULL, 0, 0)
+        buf = &own
+    else:
+        _shared_busy = True
     try:
-        if not _put_plain(&buf, value, 0):
+        if buf.data == NULL:
+            buf.data = <char*>malloc(4096)
+            if buf.data == NULL:
+                raise MemoryError()
+            buf.capacity = 4096
+        buf.size = 0
+        size = PyBytes_GET_SIZE(prefix)
+        if size:
+            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        if not _put_plain(buf, value, 0):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
-        free(buf.data)
+        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
+            free(buf.data)
+            buf.data = NULL
+            buf.capacity = 0
+        if buf is &_shared:
+            _shared_busy = False

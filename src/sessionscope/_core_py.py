@@ -299,8 +299,8 @@ def partition_checked(
 _PLAIN_DEPTH: Final = 64
 
 
-def pack_plain(value: object) -> bytes | None:
-    """Return the msgpack bytes of a plain value, or None: the caller checks and packs it.
+def pack_plain(value: object, prefix: bytes = b"") -> bytes | None:
+    """Return ``prefix`` and the msgpack bytes of a plain value, or None: the caller packs it.
 
     Plain: None, bool, float, bytes, an int of the 64-bit range, a str
     storable as UTF-8, and dicts (str keys) and lists of plain values,
@@ -309,14 +309,17 @@ def pack_plain(value: object) -> bytes | None:
     msgpack's with the codec's options (``use_bin_type``): the compiled core
     checks and packs it in one walk. Anything else, storable or not, gives
     None, as does a str, bytes or container too long for a msgpack header.
+    ``prefix`` goes in front of the packed bytes, in the same new object.
     """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
     if not _all_plain(value, 0):
         return None
     try:
         packed: bytes = msgpack.packb(value, use_bin_type=True, datetime=False)
     except ValueError:  # longer than a msgpack header can say
         return None
-    return packed
+    return prefix + packed
 
 
 def _all_plain(value: object, depth: int) -> bool:

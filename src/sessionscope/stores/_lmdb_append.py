@@ -70,6 +70,10 @@ _U64 = Struct(">Q")
 _F64 = Struct(">d")
 # The two-byte size in front of a raw key part, made once for every size it can have.
 _SIZES: list[bytes] = [size.to_bytes(2, "big") for size in range(_RAW_PART_LIMIT + 1)]
+# The 8-byte positions of a session's first events, made once: a batch takes
+# its events' positions from here rather than packing each.
+_SEQ_TABLE = 4096
+_SEQS: list[bytes] = [_U64.pack(seq) for seq in range(_SEQ_TABLE)]
 
 
 def unique_part(text: str) -> bytes:
@@ -376,6 +380,8 @@ class _BatchSession:
     last_time: cython.double
     last_event_id: Any
     timed: cython.bint
+    # Whether the batch appended an event to the session (repeats aside).
+    appended: cython.bint
     marker_prefix: str
     marker_suffix: str
     # Entries of the batch: events (in position order), id and time index.
@@ -408,6 +414,7 @@ class _BatchSession:
         self.last_time = record.last_update_time
         self.last_event_id = record.last_event_id
         self.timed = timed or record.time_indexed
+        self.appended = False
         # SessionRecord.marker, cut around the event count.
         self.marker_prefix = f"{record.number}:"
         self.marker_suffix = f":{record.removed_count}" if record.removed_count else ""
@@ -475,6 +482,10 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             id_keys.append(session.id_prefix + _id_part(event_ids[index]))
     known_ids = set(data.getmulti([k for k in id_keys if k], values=False))
     repeats: list[int] = []
+    # Two keys naming one session (two live copies of it) each get the marker
+    # after their own last event: only then is it tracked per key, event by
+    # event; otherwise a key's marker is its session's after the batch.
+    per_key: cython.bint = len(sessions) != len(keys) - owned.count(None)
     # Per key: the event count after its last event appended (None: none was), and its time.
     last_counts: list[Any] = [None] * len(keys)
     last_times: list[float] = [0.0] * len(keys)
@@ -532,7 +543,7 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             _put_entries(data, sessions, False)
             store._start_time_index(txn, session.record)
             session.timed = True
-        seq: bytes = _U64.pack(count)
+        seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
         session.events.append((session.event_prefix + seq, _F64.pack(timestamp) + event))
         session.index.append((id_key, seq))
         if session.timed:
@@ -544,8 +555,10 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
         session.count = count
         session.last_time = timestamp
         session.last_event_id = event_ids[index]
-        last_counts[owner] = count
-        last_times[owner] = timestamp
+        session.appended = True
+        if per_key:
+            last_counts[owner] = count
+            last_times[owner] = timestamp
     _put_entries(data, sessions, True)
     shared_puts: list[tuple[bytes, bytes]] = []
     for prefix, state in shared.items():
@@ -561,11 +574,17 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):
-        last = last_counts[index]
         found = owned[index]
-        if last is not None and found is not None:
-            session = found
-            markers[index] = f"{session.marker_prefix}{last}{session.marker_suffix}"
+        if found is None:
+            continue
+        session = found
+        if per_key:
+            last = last_counts[index]
+            if last is not None:
+                markers[index] = f"{session.marker_prefix}{last}{session.marker_suffix}"
+        elif session.appended:
+            markers[index] = f"{session.marker_prefix}{session.count}{session.marker_suffix}"
+            last_times[index] = session.last_time
     return BatchResult(size, repeats, markers, last_times)
 
 
