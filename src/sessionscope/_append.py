@@ -379,21 +379,9 @@ def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) ->
     delta: Any
     temp: Any = None
     if original:
-        routed = _route_plain(pack, original)
-        if routed is not None:
-            app_items, user_items, session_items, temp = routed
-        else:
-            app_delta, user_delta, session_delta, temp = partition_checked(original)
-            if app_delta:
-                app_items = _items(pack, app_delta)
-            if user_delta:
-                user_items = _items(pack, user_delta)
-            if session_delta:
-                session_items = _items(pack, session_delta)
+        app_items, user_items, session_items, temp = _scoped_items(pack, original)
         if temp:
-            delta = dict(original)
-            for key in temp:
-                del delta[key]
+            delta = _without(original, temp)
             actions.state_delta = delta
         elif type(original) is dict:
             delta = original
@@ -474,25 +462,10 @@ def _prepare_event(
     delta: Any
     temp: dict[str, Any]
     if original:
-        routed = _route_plain(pack, original)
-        if routed is not None:
-            app_items, user_items, session_items, temp = routed
-        else:
-            app_delta, user_delta, session_delta, temp = partition_checked(original)
-            if app_delta:
-                app_items = _items(pack, app_delta)
-            if user_delta:
-                user_items = _items(pack, user_delta)
-            if session_delta:
-                session_items = _items(pack, session_delta)
-        if temp:
-            delta = dict(original)
-            for key in temp:
-                del delta[key]
-        else:
-            # A single append applies it once the store answers: the caller's
-            # map may have changed by then.
-            delta = dict(original)
+        app_items, user_items, session_items, temp = _scoped_items(pack, original)
+        # A copy either way: a single append applies it once the store
+        # answers, and the caller's map may have changed by then.
+        delta = _without(original, temp) if temp else dict(original)
     else:
         temp = {}
         delta = {}
@@ -524,6 +497,34 @@ def _prepare_event(
         temp,
     )
     return prepared
+
+
+@cython.cfunc
+def _scoped_items(pack: Any, delta: Any) -> tuple[Any, Any, Any, Any]:
+    """Return a delta's packed (app, user, session) items and its temp map.
+
+    The plain route first; any other delta is partitioned with the checks
+    that name what is wrong.
+    """
+    routed: tuple[Any, Any, Any, Any] | None = _route_plain(pack, delta)
+    if routed is not None:
+        return routed
+    app_delta, user_delta, session_delta, temp = partition_checked(delta)
+    return (
+        _items(pack, app_delta) if app_delta else [],
+        _items(pack, user_delta) if user_delta else [],
+        _items(pack, session_delta) if session_delta else [],
+        temp,
+    )
+
+
+@cython.cfunc
+def _without(delta: Any, temp: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of a delta without its temp keys."""
+    kept = dict(delta)
+    for key in temp:
+        del kept[key]
+    return kept
 
 
 @cython.cfunc
