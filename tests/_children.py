@@ -108,3 +108,28 @@ def children(
     finally:
         for child in started:
             child.reap()
+
+
+# The switches that pick compiled modules or their twins (see sessionscope.core).
+BUILD_SWITCHES = ("SESSIONSCOPE_NO_EXTENSIONS", "SESSIONSCOPE_REQUIRE_EXTENSIONS")
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with only ``env``'s build switches set."""
+    child_env = {k: v for k, v in os.environ.items() if k not in BUILD_SWITCHES}
+    child_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def python_output(code: str, **env: str) -> str:
+    """Return what ``code`` prints in a fresh interpreter (see ``run_python``); it must succeed."""
+    result = run_python(code, **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()

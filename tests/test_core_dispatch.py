@@ -6,12 +6,12 @@ import importlib
 import importlib.util
 import os
 import subprocess
-import sys
 from types import ModuleType
 
 import pytest
 
 import sessionscope.core
+from _children import python_output, run_python
 
 # One literal list, as py-lmdb's package_test does: a name added to one
 # implementation and not the other, or not here, fails.
@@ -45,27 +45,16 @@ HIDE_COMPILED = "import sys; sys.modules['sessionscope._core'] = None; "
 FAKE_PYPY = "import platform; platform.python_implementation = lambda: 'PyPy'; "
 
 
+# What the child prints: the core it runs.
+SHOW = "import sessionscope.core as c; print(c.IMPLEMENTATION)"
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    child_env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SESSIONSCOPE_NO_EXTENSIONS", "SESSIONSCOPE_REQUIRE_EXTENSIONS")
-    }
-    child_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", code + "import sessionscope.core as c; print(c.IMPLEMENTATION)"],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_python(code + SHOW, **env)
 
 
 def _picked(code: str = "", **env: str) -> str:
-    result = _run(code, **env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+    return python_output(code + SHOW, **env)
 
 
 def test_exported_names(core_impl: ModuleType) -> None:

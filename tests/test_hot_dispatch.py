@@ -13,6 +13,7 @@ import pytest
 import sessionscope.core
 import sessionscope.service
 import sessionscope.stores.lmdb
+from _children import python_output, run_python
 
 # Every module compiled from annotated Python, by source name.
 # The order is the order the child below prints what each of them runs.
@@ -23,32 +24,20 @@ BUILT = {name: importlib.util.find_spec(name + "_c") is not None for name in HOT
 HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT_PATH)
 
 
+# What the child prints: the build each module of the hot path runs.
+SHOW = (
+    "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
+    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, "
+    "*sorted(c.IMPLEMENTATIONS.items()))"
+)
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    child_env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SESSIONSCOPE_NO_EXTENSIONS", "SESSIONSCOPE_REQUIRE_EXTENSIONS")
-    }
-    child_env.update(env)
-    show = (
-        "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
-        "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, "
-        "*sorted(c.IMPLEMENTATIONS.items()))"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", "import sys; " + code + show],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_python("import sys; " + code + SHOW, **env)
 
 
 def _picked(code: str = "", **env: str) -> str:
-    result = _run(code, **env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+    return python_output("import sys; " + code + SHOW, **env)
 
 
 def _expected(kind: str) -> str:
