@@ -12,6 +12,7 @@ from sessionscope import Event, EventActions
 from sessionscope.replay import (
     LatencyStats,
     NativeTarget,
+    ReplayResult,
     RichProgressBar,
     TargetError,
     native_event,
@@ -36,13 +37,18 @@ def _uri(kind: str, tmp_path: Path) -> str:
     return f"lmdb://{tmp_path / 'store'}?durability={kind.removeprefix('lmdb-')}"
 
 
-@pytest.mark.parametrize("kind", ["memory", "lmdb-sync", "lmdb-deferred"])
-def test_replay_verifies(kind: str, tmp_path: Path, records: list[Record]) -> None:
+def _replay_on(kind: str, tmp_path: Path, records: list[Record], batch: int = 0) -> ReplayResult:
+    """Replay ``records`` on a fresh target of ``kind``, closed afterwards."""
     target = open_target(_uri(kind, tmp_path))
     try:
-        result = replay(target, records, progress=False)
+        return replay(target, records, batch=batch, progress=False)
     finally:
         target.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "lmdb-sync", "lmdb-deferred"])
+def test_replay_verifies(kind: str, tmp_path: Path, records: list[Record]) -> None:
+    result = _replay_on(kind, tmp_path, records)
     assert result.verified
     assert result.problems == []
     appended = [r for r in records if r["op"] == "append" and not r["event"].get("partial")]
@@ -55,11 +61,7 @@ def test_replay_verifies(kind: str, tmp_path: Path, records: list[Record]) -> No
 @pytest.mark.parametrize("kind", ["memory", "lmdb-deferred"])
 def test_bulk_replay_verifies(kind: str, tmp_path: Path) -> None:
     records = list(generate(TraceSpec(sessions=30, seed=2, get_every_turn=False, list_every=0)))
-    target = open_target(_uri(kind, tmp_path))
-    try:
-        result = replay(target, records, batch=64, progress=False)
-    finally:
-        target.close()
+    result = _replay_on(kind, tmp_path, records, batch=64)
     assert result.problems == []
     assert result.batch == 64
     assert "append_batch" in result.latency
@@ -79,11 +81,7 @@ def test_a_create_waits_for_a_batch_that_sets_the_same_shared_key(
         {"op": "create", **ids, "session": "t", "state": {"user:tier": "new"}},
         {"op": "create", **ids, "session": "w", "state": {"app:v": 2, "user:other": 0}},
     ]  # fmt: skip
-    target = open_target(_uri(kind, tmp_path))
-    try:
-        result = replay(target, records, batch=10, progress=False)
-    finally:
-        target.close()
+    result = _replay_on(kind, tmp_path, records, batch=10)
     assert result.problems == []
     # The first create waited for the batch (one batch before it, none after).
     assert result.latency["append_batch"].count == 1
@@ -93,11 +91,7 @@ def test_a_create_waits_for_a_batch_that_sets_the_same_shared_key(
 def test_bulk_replay_with_reads_verifies(kind: str, tmp_path: Path) -> None:
     """Where reads cannot ride in a batch, each read sends the pending batch first."""
     records = list(generate(TraceSpec(sessions=20, seed=4)))
-    target = open_target(_uri(kind, tmp_path))
-    try:
-        result = replay(target, records, batch=64, progress=False)
-    finally:
-        target.close()
+    result = _replay_on(kind, tmp_path, records, batch=64)
     assert result.problems == []
     assert "get_in_batch" not in result.latency
     assert result.latency["get_recent"].count > 0
