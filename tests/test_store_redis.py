@@ -20,7 +20,7 @@ import redis
 import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
-from sessionscope import GetSessionConfig, SessionService, SyncSessionService
+from sessionscope import Event, GetSessionConfig, Session, SessionService, SyncSessionService
 from sessionscope.errors import (
     DuplicateEventError,
     IncompatibleStoreError,
@@ -357,16 +357,25 @@ def test_a_bulk_run_of_one_session_keeps_ttl_and_positions_after_a_truncation(
 # -- retries, library, async -----------------------------------------------
 
 
+def _one_event_stored(store: Any) -> tuple[SyncSessionService, Session, Event, Session]:
+    """Append one event (delta k=1) to a new session "s".
+
+    Return the service, the live session, the event and the session read back.
+    """
+    svc = SyncSessionService(store)
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    event = ev(delta={"k": 1})
+    svc.append_event(s, event)
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert stored is not None
+    return svc, s, event, stored
+
+
 def test_a_retried_append_is_a_no_op(uri: str) -> None:
     """The same request sent twice (as after a lost reply) is stored once."""
     store = open_store(uri)
     try:
-        svc = SyncSessionService(store)
-        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
-        event = ev(delta={"k": 1})
-        svc.append_event(s, event)
-        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
-        assert stored is not None
+        svc, _, event, stored = _one_event_stored(store)
         request = AppendRequest(
             APP, USER, "s", event.id, event.timestamp, svc._core.model.encode_event(event),
             session_items=[("k", b"\x01")], marker=None, caller_update_time=0.0,
@@ -388,12 +397,7 @@ def test_a_stored_id_sent_with_the_current_marker_writes_nothing(uri: str) -> No
     """
     store = open_store(uri)
     try:
-        svc = SyncSessionService(store)
-        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
-        event = ev(delta={"k": 1})
-        svc.append_event(s, event)
-        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
-        assert stored is not None
+        svc, s, event, stored = _one_event_stored(store)
 
         def again(record: bytes, delta: int) -> AppendRequest:
             return AppendRequest(
