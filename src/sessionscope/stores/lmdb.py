@@ -716,13 +716,14 @@ class LmdbStore:
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
-                outcome = self._run_alone(action)
+                self._writer_lock.acquire()
+                try:
+                    outcome = self._run_alone(action)
+                finally:
+                    self._writer_lock.release()
             elif not self._writes and self._writer_lock.try_acquire():
                 try:
-                    outcome = (
-                        _hot.write_alone(self, action)
-                        or self._run_writes([action], may_grow=False)[0]
-                    )
+                    outcome = self._run_alone(action, may_grow=False)
                 except _MapMustGrow:
                     # The writer thread grows the map: preallocating the
                     # file may take a while.
@@ -762,13 +763,12 @@ class LmdbStore:
             self._wake.notify()
         return Completion.waiting(pending)
 
-    def _run_alone(self, action: Callable[[Any], Any]) -> tuple[bool, Any]:
-        """Run one write as ``_run_writes`` does, taking the store's writer lock."""
-        self._writer_lock.acquire()
-        try:
-            return _hot.write_alone(self, action) or self._run_writes([action])[0]
-        finally:
-            self._writer_lock.release()
+    def _run_alone(self, action: Callable[[Any], Any], may_grow: bool = True) -> tuple[bool, Any]:
+        """Run one write as ``_run_writes`` does, on its compiled common path where it can.
+
+        Called holding the writer lock.
+        """
+        return _hot.write_alone(self, action) or self._run_writes([action], may_grow)[0]
 
     def _run_writes(
         self, actions: list[Callable[[Any], Any]], may_grow: bool = True
@@ -898,14 +898,6 @@ class LmdbStore:
         self, txn: Any, app_name: str, user_id: str, session_id: str
     ) -> SessionRecord | None:
         return _hot.read_record(txn, self, app_name, user_id, session_id)
-
-    def _stored_event(self, txn: Any, number: bytes, id_key: bytes) -> bytes | None:
-        """Return the stored record of the session's event under ``id_key``, if any."""
-        seq = txn.get(id_key, db=self._data)
-        if seq is None:
-            return None
-        stored: bytes = txn.get(number + _EVENT + seq, db=self._data)[8:]
-        return stored
 
     def _put_record(self, txn: Any, record: SessionRecord) -> None:
         key = _part(record.app_name) + _part(record.user_id) + _part(record.session_id)
