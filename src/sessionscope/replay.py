@@ -29,16 +29,14 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .console import Column, RichProgressBar, render_table
-from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, compiled_or_twin
+from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
 from .stores import open_store
 from .trace import Expectation, load_trace
 
 if TYPE_CHECKING:
-    from . import _append as _hot
-else:
-    _hot = compiled_or_twin("sessionscope._append")
+    from .stores.base import AppendBatch, BatchResult
 
 __all__ = [
     "ADK_SCHEMES",
@@ -262,30 +260,28 @@ class NativeTarget(Target):
         if self._reading is None:
             return super().append_many_reading(appends, reads)
         core = self.service._core
-        model = core.model
-        live = self.live
-        prepared = _hot.prepare_many(model, [(live[key], event) for key, event in appends])
+        reading = self._reading
         # Positions count stored appends: partial events never reach the store.
         stored_before, stored = [], 0
         for _, event in appends:
             stored_before.append(stored)
             stored += not event.partial
         stored_before.append(stored)
-        placed = [
-            (stored_before[position],
-             *core.check_get(app, user, sid, GetSessionConfig(**config) if config else None))
-            for position, app, user, sid, config in reads
-        ]  # fmt: skip
-        try:
-            result, loaded = self._reading(prepared.batch, placed)
-        except BaseException:
-            _hot.abandon_many(model, prepared, 0)
-            raise
-        # Those the store did not reach get their deltas back.
-        _hot.finish_many(model, prepared, result)
-        if result.error is not None:
-            raise result.error
-        answers: list[Any] = loaded
+        answers: list[Any] = []
+
+        def send(batch: AppendBatch) -> BatchResult:
+            placed = [
+                (stored_before[position],
+                 *core.check_get(app, user, sid, GetSessionConfig(**config) if config else None))
+                for position, app, user, sid, config in reads
+            ]  # fmt: skip
+            result: BatchResult
+            result, loaded = reading(batch, placed)
+            answers.extend(loaded)
+            return result
+
+        live = self.live
+        self.service._append_batch([(live[key], event) for key, event in appends], send)
         return answers
 
     def read_answer(self, answer: Any) -> Any:

@@ -14,7 +14,7 @@ import asyncio
 import base64
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
@@ -34,7 +34,9 @@ from .model import (
 )
 from .stores import Store, open_store
 from .stores.base import (
+    AppendBatch,
     AppendResult,
+    BatchResult,
     ListPosition,
     LoadedSession,
     PreparedAppend,
@@ -752,11 +754,23 @@ class SyncSessionService:
         session, a conflicting event id) stops the batch there: the appends
         before it stay stored and applied to their sessions, and it is raised.
         """
+        return self._append_batch(appends, lambda batch: self.store.append_many(batch).result())
+
+    def _append_batch(
+        self,
+        appends: Iterable[tuple[Session, Event]],
+        send: Callable[[AppendBatch], BatchResult],
+    ) -> list[Event]:
+        """Append as ``append_many`` does, with ``send`` handing the batch to the store.
+
+        Replay sends it along with reads where the store can carry them
+        (``RedisStore.append_many_reading``); the steps around are the same.
+        """
         model = self._core.model
         # Checked and packed in one call, every event or none (see _append.prepare_many).
         prepared = _hot.prepare_many(model, appends)
         try:
-            result = self.store.append_many(prepared.batch).result()
+            result = send(prepared.batch)
         except BaseException:
             _hot.abandon_many(model, prepared, 0)
             raise
