@@ -366,6 +366,37 @@ def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> No
             stop(child)
 
 
+# Starts the command line with SIGINT ignored, as a shell does for ``cmd &``
+# in a script: the ignored disposition survives exec into the new program.
+_WITH_SIGINT_IGNORED = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'sessionscope', *sys.argv[1:]])\n"
+)
+
+
+@pytest.mark.slow
+def test_tail_follow_started_with_sigint_ignored_still_ends_on_sigint(store_path: Path) -> None:
+    args = ["tail", uri_of(store_path), "shop", "user-0", "s0", "--follow", "--json"]
+    tail = subprocess.Popen(
+        [sys.executable, "-c", _WITH_SIGINT_IGNORED, *args, "--last", "1", "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        printed = Lines(tail.stdout)  # type: ignore[arg-type]
+        # The first line comes after the handlers are set: the signal cannot
+        # arrive before the command had its chance to take SIGINT back.
+        assert json.loads(printed.take())["summary"] == "hello 2"
+        tail.send_signal(signal.SIGINT)
+        assert tail.wait(timeout=30) == 0
+        assert tail.stderr.read() == ""  # type: ignore[union-attr]
+    finally:
+        stop(tail)  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_tail_follow_prints_an_event_appended_right_after_a_truncation(store_path: Path) -> None:
     # One poll sees the session truncated and appended to since the last: the

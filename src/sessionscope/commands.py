@@ -337,7 +337,11 @@ def tail(args: argparse.Namespace) -> int:
     """
     key = _session_key(args)
     if args.follow:
-        # SIGTERM ends a follow the way Ctrl-C does: quietly, with status 0.
+        # SIGINT and SIGTERM end a follow quietly, with status 0. SIGINT is set
+        # too because a process started in the background (``cmd &`` from a
+        # script, some CI runners) inherits it ignored, and then Ctrl-C or
+        # ``kill -INT`` would never end the follow.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def emit(loaded: LoadedSession) -> None:
