@@ -27,6 +27,7 @@ else:
     # (compiled module, source): sessionscope.core.compiled_or_twin picks them.
     HOT_PATH = [
         ("sessionscope.stores._lmdb_append_c", "src/sessionscope/stores/_lmdb_append.py"),
+        ("sessionscope.stores._lmdb_locks_c", "src/sessionscope/stores/_lmdb_locks.py"),
         ("sessionscope._append_c", "src/sessionscope/_append.py"),
         ("sessionscope._listing_c", "src/sessionscope/_listing.py"),
     ]

@@ -399,6 +399,74 @@ def refused_growth(path: str) -> None:
     _say(json.dumps(report))
 
 
+def append_under_interrupts(path: str, durability: str, seconds: str) -> None:
+    """Append while SIGINT arrives every fraction of a millisecond; then append and close.
+
+    A thread of this process sends the signals, so that they fall anywhere:
+    between a lock taken and the ``try`` meant to release it, in a store's
+    ``__exit__``, in a wait for the writer thread. Each KeyboardInterrupt is
+    caught and the loop goes on. Then, signals stopped, one more append and
+    ``close()`` must each end within 10 s (each runs in a thread so that a
+    lock left held shows as a timeout, not a hang). Prints one JSON line:
+    the ids whose append returned, and whether the last append and the close ended.
+    """
+    import os
+    import signal
+    import threading
+
+    store = LmdbStore(path, durability=durability)  # type: ignore[arg-type]
+    svc = SyncSessionService(store)
+    svc.create_session(app_name="app", user_id="user", session_id="s")
+    stop = threading.Event()
+
+    def send() -> None:
+        for _ in range(100_000):
+            if stop.wait(0.0002):
+                return
+            os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # not before the loop is ready
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    acknowledged: list[str] = []
+    interrupts = 0
+    end = time.monotonic() + float(seconds)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    while True:
+        try:
+            try:
+                if time.monotonic() > end:
+                    break
+                session = svc.get_session(app_name="app", user_id="user", session_id="s")
+                assert session is not None
+                event = svc.append_event(session, Event(author="a", content="storm"))
+                acknowledged.append(event.id)
+            except KeyboardInterrupt:
+                interrupts += 1
+        except KeyboardInterrupt:  # landed in the handler of the one before
+            interrupts += 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop.set()
+    sender.join(10)
+
+    def last_append() -> None:
+        session = svc.get_session(app_name="app", user_id="user", session_id="s")
+        assert session is not None
+        acknowledged.append(svc.append_event(session, Event(author="a", content="after")).id)
+
+    ended = {}
+    for name, step in (("appended", last_append), ("closed", store.close)):
+        worker = threading.Thread(target=step, daemon=True)
+        worker.start()
+        worker.join(10)
+        ended[name] = not worker.is_alive()
+        if worker.is_alive():
+            break
+    _say(json.dumps({"acknowledged": acknowledged, "interrupts": interrupts, **ended}))
+    if not ended.get("closed"):
+        os._exit(0)  # a lock is held for good: interpreter exit would wait on it too
+
+
 COMMANDS = {
     "read_then": read_then,
     "open_many": open_many,
@@ -415,6 +483,7 @@ COMMANDS = {
     "grow_child": grow_child,
     "no_pickle": no_pickle,
     "fill_to_limit": fill_to_limit,
+    "append_under_interrupts": append_under_interrupts,
 }
 
 

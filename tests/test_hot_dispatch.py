@@ -17,7 +17,12 @@ from _children import python_output, run_python
 
 # Every module compiled from annotated Python, by source name.
 # The order is the order the child below prints what each of them runs.
-HOT_PATH = ["sessionscope._append", "sessionscope.stores._lmdb_append", "sessionscope._listing"]
+HOT_PATH = [
+    "sessionscope._append",
+    "sessionscope.stores._lmdb_append",
+    "sessionscope._listing",
+    "sessionscope.stores._lmdb_locks",
+]
 
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
 BUILT = {name: importlib.util.find_spec(name + "_c") is not None for name in HOT_PATH}
@@ -27,7 +32,7 @@ HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT
 # What the child prints: the build each module of the hot path runs.
 SHOW = (
     "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
-    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, "
+    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, l._locks.__name__, "
     "*sorted(c.IMPLEMENTATIONS.items()))"
 )
 
@@ -54,6 +59,7 @@ def test_this_process_runs_what_it_says() -> None:
     assert sessionscope.service._hot.__name__ == HOT_PATH[0] + suffix
     assert sessionscope.stores.lmdb._hot.__name__ == HOT_PATH[1] + suffix
     assert sessionscope.service._listing.__name__ == HOT_PATH[2] + suffix
+    assert sessionscope.stores.lmdb._locks.__name__ == HOT_PATH[3] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:

@@ -229,3 +229,40 @@ def test_a_map_grown_by_another_process(tmp_path: Path) -> None:
             assert got is not None
             assert event_ids(got) == answer["ids"]
             assert (path / "data.mdb").stat().st_size > written
+
+
+# (5) interrupts in the middle of appends
+
+
+@pytest.mark.skipif(
+    sessionscope.core.IMPLEMENTATIONS.get("sessionscope.stores._lmdb_locks") != "c",
+    reason="only the compiled locks are interrupt-exact: Python code, the twin's "
+    "included, may run a signal handler between any two of its bytecodes",
+)
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_interrupts_while_appending_leave_no_lock_held(tmp_path: Path, durability: str) -> None:
+    """SIGINT every fraction of a millisecond while a thread appends: nothing stays locked.
+
+    A KeyboardInterrupt raised between a lock taken and the code that gives it
+    back left the store's gate counted as held, and close() then waited for
+    ever. Afterwards an append and close() must end, and every append that
+    returned must be stored.
+    """
+    path = tmp_path / "store"
+    args = ("append_under_interrupts", str(path), durability, "2")
+    with children(tmp_path, args) as (child,):
+        report = _read_json(child)
+        child.wait_ok()
+    assert report["interrupts"] > 100, "the signals did not reach the appends"
+    assert report["appended"] is True
+    assert report["closed"] is True
+    store = LmdbStore(path, durability=durability)
+    try:
+        store.verify()
+        got = SyncSessionService(store).get_session(app_name="app", user_id="user", session_id="s")
+        assert got is not None
+        stored = set(event_ids(got))
+        assert set(report["acknowledged"]) <= stored
+        assert len(event_ids(got)) == len(stored)
+    finally:
+        store.close()

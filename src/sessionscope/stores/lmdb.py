@@ -68,7 +68,6 @@ from ..errors import (
     StoreError,
     UnsafeStoreError,
 )
-from ._lmdb_writer_lock import WriterLock
 from .base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
@@ -159,8 +158,10 @@ os.register_at_fork(after_in_child=_note_fork)
 if TYPE_CHECKING:
     # The source is the type source; its compiled build has the same signatures.
     from . import _lmdb_append as _hot
+    from . import _lmdb_locks as _locks
 else:
     _hot = compiled_or_twin("sessionscope.stores._lmdb_append")
+    _locks = compiled_or_twin("sessionscope.stores._lmdb_locks")
 
 # The key helpers live with the append bodies, which run them on every append.
 _unique_part = _hot.unique_part
@@ -171,54 +172,6 @@ _item_entries = _hot.item_entries
 _event_entries = _hot.event_entries
 _in_time_order = _hot.in_time_order
 _list_key = _hot.list_key
-
-
-class _Gate:
-    """Let transactions run together, or the map be resized with none running.
-
-    LMDB may only change its map size while the process has no transaction
-    open; a resize waits for running ones and holds back new ones.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._active = 0
-        self._resizing = False
-
-    def __enter__(self) -> None:
-        # The plain lock is the fast path: resizes are rare.
-        with self._lock:
-            if not self._resizing:
-                self._active += 1
-                return
-        self._enter_after_resize()
-
-    def _enter_after_resize(self) -> None:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._active += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._active -= 1
-            if self._resizing and not self._active:
-                self._cond.notify_all()
-
-    def exclusive(self, action: Callable[[], None]) -> None:
-        """Run ``action`` while no transaction of this process is open."""
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._resizing = True
-            try:
-                while self._active:
-                    self._cond.wait()
-                action()
-            finally:
-                self._resizing = False
-                self._cond.notify_all()
 
 
 class LmdbStore:
@@ -251,7 +204,7 @@ class LmdbStore:
         self._closed = False
         # Set once the environment is closed; checked under the gate.
         self._released = False
-        self._gate = _Gate()
+        self._gate = _locks.Gate()
         # Whether this store writes through a writable map (see _open_env).
         self.writemap = False
         self._writemap_allowed = True
@@ -271,7 +224,7 @@ class LmdbStore:
         self._env = self._open_env(map_size)
         try:
             # Taken by every write transaction; tried without waiting from a loop.
-            self._writer_lock = WriterLock(str(self.path / "lock.mdb"))
+            self._writer_lock = _locks.WriterLock(str(self.path / "lock.mdb"))
         except OSError as error:
             self._env.close()
             raise _open_failure(self.path, error) from error
@@ -542,9 +495,8 @@ class LmdbStore:
 
     def _open_databases(self) -> dict[bytes, Any]:
         env = self._env
-        self._writer_lock.acquire()
         try:
-            with self._gate:
+            with self._writer_lock, self._gate:
                 # Through _begin: another process may be growing the map.
                 txn = self._begin(write=True)
                 self._writer_lock.learn()
@@ -574,8 +526,6 @@ class LmdbStore:
             ) from error
         except lmdb.Error as error:
             raise _lmdb_failure(f"opening {self.path}", error) from error
-        finally:
-            self._writer_lock.release()
         return dbs
 
     # -- transactions ----------------------------------------------------
@@ -716,20 +666,17 @@ class LmdbStore:
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
-                self._writer_lock.acquire()
-                try:
+                with self._writer_lock:
                     outcome = self._run_alone(action)
-                finally:
-                    self._writer_lock.release()
-            elif not self._writes and self._writer_lock.try_acquire():
-                try:
-                    outcome = self._run_alone(action, may_grow=False)
-                except _MapMustGrow:
-                    # The writer thread grows the map: preallocating the
-                    # file may take a while.
-                    pass
-                finally:
-                    self._writer_lock.release()
+            elif not self._writes:
+                with _locks.Attempt(self._writer_lock) as held:
+                    if held:
+                        try:
+                            outcome = self._run_alone(action, may_grow=False)
+                        except _MapMustGrow:
+                            # Queued below: the writer thread grows the map,
+                            # and preallocating the file may take a while.
+                            outcome = None
             if outcome is not None:
                 ok, value = outcome
                 return Completion(value) if ok else Completion(error=value)
@@ -746,13 +693,12 @@ class LmdbStore:
         # an event loop leaves the disk wait to the writer thread. A leader
         # stops once its own write is done: what others queue meanwhile is
         # the writer thread's.
-        if not in_loop and self._leader.acquire(blocking=False):
-            try:
-                while not pending.done and self._commit_queued():
-                    pass
-            finally:
-                self._leader.release()
-            if not self._writes:
+        if not in_loop:
+            with _locks.Attempt(self._leader) as leading:
+                if leading:
+                    while not pending.done and self._commit_queued():
+                        pass
+            if leading and not self._writes:
                 # Nothing is left for the writer thread. A write queued after
                 # this check comes from a thread that could not lead, and that
                 # thread wakes the writer itself.
@@ -853,8 +799,7 @@ class LmdbStore:
         writes = self._writes
         # Taken before the queue is emptied: a loop that finds the queue
         # empty and the lock free writes after everything queued before it.
-        self._writer_lock.acquire()
-        try:
+        with self._writer_lock:
             while writes and len(batch) < _MAX_BATCH:
                 batch.append(writes.popleft())
             if not batch:
@@ -863,8 +808,6 @@ class LmdbStore:
                 outcomes = self._run_writes([action for action, _ in batch])
             except BaseException as error:  # every waiter must hear of it
                 outcomes = [(False, error)] * len(batch)
-        finally:
-            self._writer_lock.release()
         finish_all(
             (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
         )
@@ -1674,16 +1617,12 @@ class LmdbStore:
         """
         self._check_open()
         try:
-            self._writer_lock.acquire()
-            try:
-                with self._gate:
-                    txn = self._begin(write=True)
-                    try:
-                        _verify_file(self.path / "data.mdb")
-                    finally:
-                        txn.abort()
-            finally:
-                self._writer_lock.release()
+            with self._writer_lock, self._gate:
+                txn = self._begin(write=True)
+                try:
+                    _verify_file(self.path / "data.mdb")
+                finally:
+                    txn.abort()
         except lmdb.Error as error:
             raise _lmdb_failure(f"verifying {self.path}", error) from error
 
