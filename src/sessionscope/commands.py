@@ -336,13 +336,6 @@ def tail(args: argparse.Namespace) -> int:
     again, whose events are all new.
     """
     key = _session_key(args)
-    if args.follow:
-        # SIGINT and SIGTERM end a follow quietly, with status 0. SIGINT is set
-        # too because a process started in the background (``cmd &`` from a
-        # script, some CI runners) inherits it ignored, and then Ctrl-C or
-        # ``kill -INT`` would never end the follow.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def emit(loaded: LoadedSession) -> None:
         first = loaded.record.stored_count - len(loaded.events)
@@ -353,15 +346,24 @@ def tail(args: argparse.Namespace) -> int:
             )
             print(line, flush=True)
 
-    with opened(args.uri) as store:
-        loaded = store.load_session(*key, args.last, None)
-        if loaded is None:
-            raise _missing_session(args)
-        emit(loaded)
-        if not args.follow:
-            return 0
-        number, seen = loaded.record.number, loaded.record.event_count
-        try:
+    # A follow ends with status 0 at an interrupt anywhere, from before the
+    # first line printed to the last.
+    try:
+        if args.follow:
+            # SIGINT and SIGTERM end a follow quietly. SIGINT is set too
+            # because a process started in the background (``cmd &`` from a
+            # script, some CI runners) inherits it ignored, and then Ctrl-C or
+            # ``kill -INT`` would never end the follow.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with opened(args.uri) as store:
+            loaded = store.load_session(*key, args.last, None)
+            if loaded is None:
+                raise _missing_session(args)
+            emit(loaded)
+            if not args.follow:
+                return 0
+            number, seen = loaded.record.number, loaded.record.event_count
             while True:
                 time.sleep(args.interval)
                 head = store.load_session(*key, 0, None)
@@ -385,8 +387,10 @@ def tail(args: argparse.Namespace) -> int:
                     print("sessionscope tail: the session was deleted", file=sys.stderr)
                     return 1
                 number, seen = head.record.number, head.record.event_count
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        return 0
 
 
 # -- stats and verify --------------------------------------------------------------
