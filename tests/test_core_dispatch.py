@@ -28,6 +28,7 @@ EXPORTED = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",

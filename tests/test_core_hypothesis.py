@@ -257,3 +257,102 @@ def test_pack_plain_puts_the_prefix_first(core_impl: ModuleType) -> None:
 
 class _Text(str):
     pass
+
+
+# -- pack_event: an event's record packed from its fields ---------------------------
+
+# Field values as callers set them: plain ones, empty text, and values only
+# the checked path packs (tuples, a str subclass, unstorable values).
+event_fields = st.one_of(
+    st.none(),
+    st.just(""),
+    storable_values,
+    any_values,
+    st.builds(_Text, text),
+)
+event_maps = st.one_of(
+    st.none(), st.just({}), str_maps, st.dictionaries(keys, any_values, max_size=2)
+)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> Any:
+    from sessionscope.model import Event, EventActions
+
+    actions = EventActions(
+        state_delta=draw(st.one_of(event_maps, st.builds(_Map, str_maps))),
+        artifact_delta=draw(event_maps),
+        transfer_to_agent=draw(event_fields),
+        escalate=draw(st.one_of(st.none(), st.booleans())),
+        extra=draw(event_maps),
+    )
+    return Event(
+        author=draw(event_fields),
+        content=draw(event_fields),
+        id=draw(st.one_of(text, st.just("e1"))),
+        timestamp=draw(st.one_of(st.floats(allow_nan=False), st.integers(-5, 5))),
+        invocation_id=draw(event_fields),
+        turn_complete=draw(st.one_of(st.none(), st.booleans())),
+        custom_metadata=draw(event_maps),
+        long_running_tool_ids=draw(st.one_of(st.none(), st.lists(text, max_size=2))),
+        actions=actions,
+        extra=draw(event_maps),
+    )
+
+
+def _pack_event(core: ModuleType, event: Any) -> bytes | None:
+    from sessionscope import _append
+
+    packed: bytes | None = core.pack_event(
+        event, _append._EVENT_FIELDS, _append._ACTION_FIELDS, b"\x01"
+    )
+    return packed
+
+
+@needs_compiled
+@SETTINGS
+@given(events())
+def test_pack_event_agrees_and_packs_the_checked_record(event: Any) -> None:
+    """Both builds decline the same events, and pack the others to their checked record's bytes."""
+    from sessionscope import _append
+
+    assert _compiled is not None
+    expected = _outcome(_pack_event, _core_py, event)
+    assert _outcome(_pack_event, _compiled, event) == expected
+    kind, packed = expected
+    assert kind == "ok"
+    if packed is not None:
+        assert packed == b"\x01" + codec.pack(_append.event_to_record(event))
+
+
+def test_pack_event_leaves_what_it_does_not_walk_to_the_caller(core_impl: ModuleType) -> None:
+    """A field of another type, a delta that is not a dict or a value not plain gives None."""
+    from sessionscope.model import Event, EventActions
+
+    plain = Event(author="a", id="e1", timestamp=1.0, content={"parts": [{"text": "hé"}]})
+    assert _pack_event(core_impl, plain) == b"\x01" + codec.pack(
+        {"id": "e1", "timestamp": 1.0, "author": "a", "content": {"parts": [{"text": "hé"}]}}
+    )
+    declined = [
+        Event(author=_Text("a str subclass"), id="e1", timestamp=1.0),
+        Event(content=(1, 2), id="e1", timestamp=1.0),
+        Event(content={"k": {1}}, id="e1", timestamp=1.0),
+        Event(author="lone \ud800", id="e1", timestamp=1.0),
+        Event(id="e1", timestamp=1.0, actions=EventActions(state_delta=_Map({"k": 1}))),
+        Event(id="e1", timestamp=1.0, actions=EventActions(escalate=(True,))),  # type: ignore[arg-type]
+        Event(id="e1", timestamp=1.0, extra={"k": 2**64}),
+        Event(id=("e", 1), timestamp=1.0),  # type: ignore[arg-type]
+    ]
+    for event in declined:
+        assert _pack_event(core_impl, event) is None, event
+    # Empty text and maps are left out, as the record leaves them out.
+    empty = Event(author="", id="e1", timestamp=2, actions=EventActions(state_delta={}), extra={})
+    assert _pack_event(core_impl, empty) == b"\x01" + codec.pack({"id": "e1", "timestamp": 2})
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.pack_event(plain, (), (), "x")
+    with pytest.raises(TypeError, match="must be tuples"):
+        core_impl.pack_event(plain, ["author"], (), b"")
+
+
+class _Map(dict):  # type: ignore[type-arg]
+    pass

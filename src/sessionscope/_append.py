@@ -32,7 +32,7 @@ from .core import (
     USER_PREFIX,
     apply_delta,
     check_storable,
-    pack_plain,
+    pack_event,
     partition_checked,
 )
 from .errors import StateValueError
@@ -125,27 +125,28 @@ def event_to_record(event: Event) -> dict[str, Any]:
     Every value but the state delta (checked with the delta itself) is checked
     here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
     """
-    record: dict[str, Any] = _record(event, True)
+    record: dict[str, Any] = _record(event)
     return record
 
 
 def encode_event(event: Event) -> bytes:
     """Return the stored bytes of an event: the format byte, then its set fields packed.
 
-    A record of plain values is checked and packed in one walk
-    (``pack_plain``); any other goes through ``event_to_record``'s checks,
-    whose errors name the bad value, and msgpack. The bytes are the same.
+    A record of plain values is checked and packed in one walk, straight
+    from the event's fields (``pack_event``); any other goes through
+    ``event_to_record``'s checks, whose errors name the bad value, and
+    msgpack. The bytes are the same.
     """
-    stored = pack_plain(_record(event, False), _EVENT_PREFIX)
+    stored = pack_event(event, _EVENT_FIELDS, _ACTION_FIELDS, _EVENT_PREFIX)
     if stored is None:
-        packed: bytes = codec.packer().pack(_record(event, True))
+        packed: bytes = codec.packer().pack(_record(event))
         stored = _EVENT_PREFIX + packed
     return stored
 
 
 @cython.cfunc
-def _record(event: Any, check: cython.bint) -> dict[str, Any]:
-    """Return the record of ``event_to_record``; without ``check``, its values unchecked."""
+def _record(event: Any) -> dict[str, Any]:
+    """Return the record of ``event_to_record``, its values checked."""
     record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
     for name in _EVENT_FIELDS:
         value = getattr(event, name)
@@ -161,32 +162,27 @@ def _record(event: Any, check: cython.bint) -> dict[str, Any]:
                 continue
         elif value == "":
             continue
-        if check:
-            check_storable(value, "event." + name)
+        check_storable(value, "event." + name)
         record[name] = value
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
         packed["state_delta"] = actions.state_delta
     if actions.artifact_delta:
-        if check:
-            check_storable(actions.artifact_delta, "event.actions.artifact_delta")
+        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
         packed["artifact_delta"] = actions.artifact_delta
     for name in _ACTION_FIELDS:
         value = getattr(actions, name)
         if value is not None:
-            if check:
-                check_storable(value, "event.actions." + name)
+            check_storable(value, "event.actions." + name)
             packed[name] = value
     if actions.extra:
-        if check:
-            check_storable(actions.extra, "event.actions.extra")
+        check_storable(actions.extra, "event.actions.extra")
         packed["extra"] = actions.extra
     if packed:
         record["actions"] = packed
     if event.extra:
-        if check:
-            check_storable(event.extra, "event.extra")
+        check_storable(event.extra, "event.extra")
         record["extra"] = event.extra
     return record
 

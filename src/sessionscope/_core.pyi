@@ -25,6 +25,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -47,3 +48,9 @@ def apply_delta(state: MutableMapping[str, Any], delta: Mapping[str, Any]) -> No
 def check_storable(value: object, path: str) -> None: ...
 def check_delta(delta: Mapping[str, Any], root: str = "state") -> None: ...
 def pack_plain(value: object, prefix: bytes = b"") -> bytes | None: ...
+def pack_event(
+    event: object,
+    fields: tuple[str, ...],
+    action_fields: tuple[str, ...],
+    prefix: bytes = b"",
+) -> bytes | None: ...

@@ -15,7 +15,14 @@ from cpython.bytes cimport (
     PyBytes_FromStringAndSize,
     PyBytes_GET_SIZE,
 )
-from cpython.dict cimport PyDict_Check, PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_SetItem
+from cpython.dict cimport (
+    PyDict_Check,
+    PyDict_CheckExact,
+    PyDict_Copy,
+    PyDict_Next,
+    PyDict_SetItem,
+    PyDict_Size,
+)
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_Check, PyFloat_CheckExact
 from cpython.list cimport PyList_Check, PyList_CheckExact, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport (
@@ -86,6 +93,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -753,6 +761,179 @@ def pack_plain(value, prefix=b""):
         if size:
             _put_raw(buf, PyBytes_AS_STRING(prefix), size)
         if not _put_plain(buf, value, 0):
+            return None
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
+            free(buf.data)
+            buf.data = NULL
+            buf.capacity = 0
+        if buf is &_shared:
+            _shared_busy = False
+
+
+# -- packing an event's record ----------------------------------------------------
+#
+# pack_event writes the map an event's record is, straight from the event's
+# attributes, where pack_plain(record) would walk a dict built from them first:
+# the same bytes, without a dict per event. Both maps have at most 15 entries
+# (fixmap), so a one-byte header is written first and set once they are counted.
+
+cdef int _FIXMAP_MAX = 15
+
+
+cdef inline bint _is_empty_dict(object value) noexcept:
+    return PyDict_CheckExact(value) and PyDict_Size(value) == 0
+
+
+cdef int _put_entry(_Buffer* buf, str name, object value, int depth) except -1:
+    """Pack a map entry: ``name``, then a plain value at ``depth``; 0 for another value."""
+    if not _put_str(buf, name):
+        return 0
+    return _put_plain(buf, value, depth)
+
+
+cdef int _put_set_fields(
+    _Buffer* buf, object owner, tuple names, int depth, int* count
+) except -1:
+    """Pack the attributes of ``owner`` that are set: not None, and not empty text.
+
+    0 for a value of another type than the plain ones (the caller's general
+    path decides whether it is empty, and how it packs).
+    """
+    cdef object name
+    cdef object value
+    for name in names:
+        value = getattr(owner, name)
+        if value is None:
+            continue
+        if PyUnicode_CheckExact(value):
+            if PyUnicode_GET_LENGTH(value) == 0:
+                continue
+        elif not (
+            PyDict_CheckExact(value)
+            or PyList_CheckExact(value)
+            or PyBool_Check(value)
+            or PyLong_CheckExact(value)
+            or PyFloat_CheckExact(value)
+            or PyBytes_CheckExact(value)
+        ):
+            return 0
+        if not _put_entry(buf, name, value, depth):
+            return 0
+        count[0] += 1
+    return 1
+
+
+cdef int _put_map_entry(
+    _Buffer* buf, str name, object value, int depth, int* count
+) except -1:
+    """Pack ``name`` and a dict when it is not empty (a falsy map is left out); 0 for another value."""
+    if value is None or _is_empty_dict(value):
+        return 1
+    if not PyDict_CheckExact(value):
+        return 0
+    if not _put_entry(buf, name, value, depth):
+        return 0
+    count[0] += 1
+    return 1
+
+
+cdef int _put_event(_Buffer* buf, object event, tuple fields, tuple action_fields) except -1:
+    """Pack an event's record (see pack_event); 0, with the buffer in any state, for another."""
+    cdef Py_ssize_t head = buf.size
+    cdef Py_ssize_t actions_head
+    cdef Py_ssize_t actions_start
+    cdef int count = 2
+    cdef int actions_count = 0
+    _put_head(buf, 0x80, 0, 0)
+    if not _put_entry(buf, "id", event.id, 1):
+        return 0
+    if not _put_entry(buf, "timestamp", event.timestamp, 1):
+        return 0
+    if not _put_set_fields(buf, event, fields, 1, &count):
+        return 0
+    actions = event.actions
+    actions_start = buf.size
+    _put_str(buf, "actions")
+    actions_head = buf.size
+    _put_head(buf, 0x80, 0, 0)
+    if not _put_map_entry(buf, "state_delta", actions.state_delta, 2, &actions_count):
+        return 0
+    if not _put_map_entry(buf, "artifact_delta", actions.artifact_delta, 2, &actions_count):
+        return 0
+    if not _put_set_any(buf, actions, action_fields, 2, &actions_count):
+        return 0
+    if not _put_map_entry(buf, "extra", actions.extra, 2, &actions_count):
+        return 0
+    if actions_count:
+        if actions_count > _FIXMAP_MAX:
+            return 0
+        buf.data[actions_head] = <char>(0x80 | actions_count)
+        count += 1
+    else:
+        buf.size = actions_start
+    if not _put_map_entry(buf, "extra", event.extra, 1, &count):
+        return 0
+    if count > _FIXMAP_MAX:
+        return 0
+    buf.data[head] = <char>(0x80 | count)
+    return 1
+
+
+cdef int _put_set_any(
+    _Buffer* buf, object owner, tuple names, int depth, int* count
+) except -1:
+    """Pack the attributes of ``owner`` that are not None; 0 for a value not plain."""
+    cdef object name
+    cdef object value
+    for name in names:
+        value = getattr(owner, name)
+        if value is None:
+            continue
+        if not _put_entry(buf, name, value, depth):
+            return 0
+        count[0] += 1
+    return 1
+
+
+def pack_event(event, fields, action_fields, prefix=b""):
+    """Return ``prefix`` and the msgpack bytes of an event's record, or None: the caller packs it.
+
+    The record is the map of the event's ``id`` and ``timestamp``, each of
+    ``fields`` set (not None, not empty text), its ``actions`` when any of
+    them is set (a non-empty ``state_delta``, ``artifact_delta`` and
+    ``extra``; each of ``action_fields`` not None), and a non-empty ``extra``:
+    the bytes ``pack_plain`` gives for that map. None for a record that is not
+    plain (see ``pack_plain``), for a field of another type than the plain
+    ones, a delta or ``extra`` that is not a dict, and a map of more than 15
+    entries.
+    """
+    global _shared_busy
+    cdef _Buffer own
+    cdef _Buffer* buf = &_shared
+    cdef Py_ssize_t size
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyTuple_CheckExact(fields) or not PyTuple_CheckExact(action_fields):
+        raise TypeError("fields and action_fields must be tuples of str")
+    # Attribute reads can run Python code: a call made meanwhile takes a buffer of its own.
+    if _shared_busy:
+        own = _Buffer(NULL, 0, 0)
+        buf = &own
+    else:
+        _shared_busy = True
+    try:
+        if buf.data == NULL:
+            buf.data = <char*>malloc(4096)
+            if buf.data == NULL:
+                raise MemoryError()
+            buf.capacity = 4096
+        buf.size = 0
+        size = PyBytes_GET_SIZE(prefix)
+        if size:
+            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        if not _put_event(buf, event, fields, action_fields):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:

@@ -33,6 +33,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -340,3 +341,69 @@ def _all_plain(value: object, depth: int) -> bool:
     if cls is list:
         return all(_all_plain(item, depth + 1) for item in value)  # type: ignore[attr-defined]
     return False
+
+
+# Field values of these types are packed as they are; any other type gives None.
+_FIELD_TYPES: Final = frozenset({dict, list, bool, int, float, bytes})
+# A msgpack fixmap holds this many entries at most: pack_event packs no bigger map.
+_FIXMAP_MAX: Final = 15
+
+
+def pack_event(
+    event: Any,
+    fields: tuple[str, ...],
+    action_fields: tuple[str, ...],
+    prefix: bytes = b"",
+) -> bytes | None:
+    """Return ``prefix`` and the msgpack bytes of an event's record, or None: the caller packs it.
+
+    The record is the map of the event's ``id`` and ``timestamp``, each of
+    ``fields`` set (not None, not empty text), its ``actions`` when any of
+    them is set (a non-empty ``state_delta``, ``artifact_delta`` and
+    ``extra``; each of ``action_fields`` not None), and a non-empty ``extra``:
+    the bytes ``pack_plain`` gives for that map. None for a record that is not
+    plain (see ``pack_plain``), for a field of another type than the plain
+    ones, a delta or ``extra`` that is not a dict, and a map of more than 15
+    entries. The compiled core packs the map without building it.
+    """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(fields) is not tuple or type(action_fields) is not tuple:
+        raise TypeError("fields and action_fields must be tuples of str")
+    record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
+    for name in fields:
+        value = getattr(event, name)
+        if value is None or (type(value) is str and not value):
+            continue
+        if type(value) is not str and type(value) not in _FIELD_TYPES:
+            return None
+        record[name] = value
+    actions = event.actions
+    packed: dict[str, Any] = {}
+    if not _add_map(packed, "state_delta", actions.state_delta):
+        return None
+    if not _add_map(packed, "artifact_delta", actions.artifact_delta):
+        return None
+    for name in action_fields:
+        value = getattr(actions, name)
+        if value is not None:
+            packed[name] = value
+    if not _add_map(packed, "extra", actions.extra):
+        return None
+    if packed:
+        if len(packed) > _FIXMAP_MAX:
+            return None
+        record["actions"] = packed
+    if not _add_map(record, "extra", event.extra) or len(record) > _FIXMAP_MAX:
+        return None
+    return pack_plain(record, prefix)
+
+
+def _add_map(record: dict[str, Any], name: str, value: object) -> bool:
+    """Add a dict to ``record`` when it is not empty; False for a value not a dict."""
+    if value is None or (type(value) is dict and not value):
+        return True
+    if type(value) is not dict:
+        return False
+    record[name] = value
+    return True

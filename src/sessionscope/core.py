@@ -38,6 +38,7 @@ __all__ = [
     "check_storable",
     "compiled_or_twin",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -126,4 +127,5 @@ merge_scopes = _impl.merge_scopes
 apply_delta = _impl.apply_delta
 check_storable = _impl.check_storable
 check_delta = _impl.check_delta
+pack_event = _impl.pack_event
 pack_plain = _impl.pack_plain
