@@ -356,3 +356,60 @@ def test_pack_event_leaves_what_it_does_not_walk_to_the_caller(core_impl: Module
 
 class _Map(dict):  # type: ignore[type-arg]
     pass
+
+
+def test_pack_event_reads_what_getattr_reads(core_impl: ModuleType) -> None:
+    """Slots read directly give what getattr gives: subclasses, changed classes, empty slots."""
+    from dataclasses import dataclass, field
+
+    from sessionscope.model import Event, EventActions
+
+    def record_of(event: Any) -> bytes | None:
+        return core_impl.pack_event(event, ("author",), (), b"")  # type: ignore[no-any-return]
+
+    def packed(**record: Any) -> bytes:
+        return codec.pack(record)
+
+    @dataclass(slots=True)
+    class Slotted:
+        id: str = "e1"
+        timestamp: float = 1.0
+        author: str = "slot"
+        actions: EventActions = field(default_factory=EventActions)
+        extra: dict[str, Any] = field(default_factory=dict)
+
+    class Renamed(Event):
+        """A subclass that reads ``author`` through a property, not the slot."""
+
+        __slots__ = ()
+        author = property(lambda self: "property", lambda self, value: None)  # type: ignore[assignment]
+
+    assert record_of(Slotted()) == packed(id="e1", timestamp=1.0, author="slot")
+    assert record_of(Event(author="plain", id="e1", timestamp=1.0)) == packed(
+        id="e1", timestamp=1.0, author="plain"
+    )
+    assert record_of(Renamed(author="slot", id="e1", timestamp=1.0)) == packed(
+        id="e1", timestamp=1.0, author="property"
+    )
+    # A class changed after its slots were read: the change is seen at once.
+    made = Slotted()
+    kept = Slotted.author
+    Slotted.author = property(lambda self: "changed")  # type: ignore[assignment, method-assign]
+    try:
+        assert record_of(made) == packed(id="e1", timestamp=1.0, author="changed")
+    finally:
+        Slotted.author = kept  # type: ignore[method-assign]
+    assert record_of(made) == packed(id="e1", timestamp=1.0, author="slot")
+    # An empty slot raises as getattr does.
+    empty = Slotted()
+    del empty.author
+    with pytest.raises(AttributeError):
+        record_of(empty)
+    # An object without slots, and the same fields named by another tuple.
+    plain = type("Plain", (), {})()
+    for name, value in {"id": "e2", "timestamp": 2.0, "author": "dict", "extra": {}}.items():
+        setattr(plain, name, value)
+    plain.actions = EventActions()  # type: ignore[attr-defined]
+    assert record_of(plain) == packed(id="e2", timestamp=2.0, author="dict")
+    assert core_impl.pack_event(Slotted(), (), (), b"") == packed(id="e1", timestamp=1.0)
+    assert record_of(Slotted()) == packed(id="e1", timestamp=1.0, author="slot")
