@@ -33,6 +33,7 @@ from .core import (
     apply_delta,
     check_storable,
     pack_event,
+    pack_plain,
     partition_checked,
 )
 from .errors import StateValueError
@@ -60,9 +61,6 @@ _INF = float("inf")
 _EVENT_PREFIX = bytes([codec.EVENT_FORMAT])
 _APP_LEN = len(APP_PREFIX)
 _USER_LEN = len(USER_PREFIX)
-# The storable int range (64-bit, signed or unsigned), as the scope core checks it.
-_INT_MIN = -(2**63)
-_INT_MAX = 2**64 - 1
 
 _EVENT_FIELDS = (
     "author",
@@ -502,7 +500,7 @@ def _scoped_items(pack: Any, delta: Any) -> tuple[Any, Any, Any, Any]:
     The plain route first; any other delta is partitioned with the checks
     that name what is wrong.
     """
-    routed: tuple[Any, Any, Any, Any] | None = _route_plain(pack, delta)
+    routed: tuple[Any, Any, Any, Any] | None = _route_plain(delta)
     if routed is not None:
         return routed
     app_delta, user_delta, session_delta, temp = partition_checked(delta)
@@ -524,14 +522,14 @@ def _without(delta: Any, temp: dict[str, Any]) -> dict[str, Any]:
 
 
 @cython.cfunc
-def _route_plain(pack: Any, delta: Any) -> Any:
+def _route_plain(delta: Any) -> Any:
     """Return a delta's packed (app, user, session) items and temp map, or None.
 
-    The common delta, ASCII str keys and plain values (None, bool, bytes,
-    float, 64-bit int, ASCII str), goes straight to packed items, in the
-    delta's order, without the maps ``partition_checked`` builds. Any other
-    key or value gives None: the caller partitions the delta with its checks,
-    which name what is wrong, as for a single append.
+    The common delta, ASCII str keys and plain values (see ``pack_plain``,
+    which checks and packs each value in one walk), goes straight to packed
+    items, in the delta's order, without the maps ``partition_checked``
+    builds. Any other key or value gives None: the caller partitions the
+    delta with its checks, which name what is wrong, as for a single append.
     """
     app_items: list[tuple[str, bytes]] = []
     user_items: list[tuple[str, bytes]] = []
@@ -546,21 +544,15 @@ def _route_plain(pack: Any, delta: Any) -> Any:
             continue
         if not name.isascii():
             return None
-        kind = type(value)
-        if kind is str:
-            if not value.isascii():
-                return None
-        elif kind is int:
-            if not _INT_MIN <= value <= _INT_MAX:
-                return None
-        elif kind is not float and kind is not bool and value is not None and kind is not bytes:
+        packed = pack_plain(value)
+        if packed is None:
             return None
         if name.startswith(APP_PREFIX):
-            app_items.append((_bare(name, _APP_LEN), pack(value)))
+            app_items.append((_bare(name, _APP_LEN), packed))
         elif name.startswith(USER_PREFIX):
-            user_items.append((_bare(name, _USER_LEN), pack(value)))
+            user_items.append((_bare(name, _USER_LEN), packed))
         else:
-            session_items.append((name, pack(value)))
+            session_items.append((name, packed))
     return app_items, user_items, session_items, temp
 
 
