@@ -135,6 +135,13 @@ def encode_event(event: Event) -> bytes:
     ``event_to_record``'s checks, whose errors name the bad value, and
     msgpack. The bytes are the same.
     """
+    stored: bytes = _encode(event)
+    return stored
+
+
+@cython.cfunc
+def _encode(event: Any) -> bytes:
+    """Return ``encode_event(event)``: a C call from this module's compiled build."""
     stored = pack_event(event, _EVENT_FIELDS, _ACTION_FIELDS, _EVENT_PREFIX)
     if stored is None:
         packed: bytes = codec.packer().pack(_record(event))
@@ -311,6 +318,10 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
     # Per live session (by id): its key's position in the batch's keys.
     positions: dict[int, tuple[Any, int]] = {}
     pack = codec.packer().pack
+    # The model's encoding, or None for this module's own (called without a Python call).
+    encode: Any = model.encode_event
+    if encode is encode_event:
+        encode = None
     # The last event's session and its key's position: runs of one session's
     # events skip the look-up.
     last: Any = None
@@ -321,7 +332,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
                 continue
             if session is last:
                 prepared.owners.append(owner)
-                _prepare_into(model, pack, event, prepared)
+                _prepare_into(model, pack, encode, event, prepared)
                 continue
             known = positions.get(id(session))
             # The dict holds each session it saw, so no other object takes its id meanwhile.
@@ -336,7 +347,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
             last = session
             owner = known[1]
             prepared.owners.append(owner)
-            _prepare_into(model, pack, event, prepared)
+            _prepare_into(model, pack, encode, event, prepared)
     except BaseException:
         abandon_many(model, prepared, 0)
         raise
@@ -344,7 +355,9 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
 
 
 @cython.cfunc
-def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) -> cython.int:
+def _prepare_into(
+    model: Any, pack: Any, encode: Any, event: Any, prepared: PreparedBatch
+) -> cython.int:
     """Check and pack one event of a batch, onto the ends of the batch's lists.
 
     As ``_prepare_event`` for a locked append without catch-up: the delta is
@@ -386,7 +399,7 @@ def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) ->
     else:
         delta = None
     try:
-        record: bytes = model.encode_event(event)
+        record: bytes = _encode(event) if encode is None else encode(event)
     except BaseException:
         if temp:
             actions.state_delta = dict(original)
