@@ -413,3 +413,63 @@ def test_pack_event_reads_what_getattr_reads(core_impl: ModuleType) -> None:
     assert record_of(plain) == packed(id="e2", timestamp=2.0, author="dict")
     assert core_impl.pack_event(Slotted(), (), (), b"") == packed(id="e1", timestamp=1.0)
     assert record_of(Slotted()) == packed(id="e1", timestamp=1.0, author="slot")
+
+
+# -- store key and value bytes --------------------------------------------------------
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.one_of(st.floats(), st.integers(-3, 3), st.none()),
+    st.one_of(st.binary(max_size=40), st.text(max_size=2)),
+)
+def test_timed_record_agrees_and_puts_the_time_first(timestamp: Any, record: Any) -> None:
+    """Both builds refuse the same arguments and give the same bytes: the time, then the record."""
+    import struct
+
+    kind, stamped = _agree("timed_record", timestamp, record)
+    if kind == "ok":
+        assert stamped == struct.pack(">d", timestamp) + record
+    else:
+        assert type(timestamp) is not float or type(record) is not bytes
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.binary(max_size=12),
+    st.one_of(st.text(max_size=160), st.just("é" * 80), st.just("lone \ud800"), st.builds(_Text)),
+    st.sampled_from([0, 3, 150, 65535]),
+)
+def test_sized_key_agrees_and_is_the_stores_key_part(prefix: bytes, text: str, limit: int) -> None:
+    """Both builds give the prefix and the store's key part of short text, None past the limit."""
+    from sessionscope.stores._lmdb_append import unique_part
+
+    kind, key = _agree("sized_key", prefix, text, limit)
+    if type(text) is not str:
+        assert (kind, key) == ("ok", None)
+    elif kind == "UnicodeEncodeError":
+        with pytest.raises(UnicodeEncodeError):
+            text.encode()
+    elif len(text.encode()) > limit:
+        assert key is None
+    else:
+        assert key == prefix + len(text.encode()).to_bytes(2, "big") + text.encode()
+        if limit == 150:
+            assert key == prefix + unique_part(text)
+
+
+def test_key_and_value_helpers_refuse_other_types(core_impl: ModuleType) -> None:
+    """A time that is not a float, a record or prefix that is not bytes, a limit out of range."""
+    with pytest.raises(TypeError, match="timestamp must be a float"):
+        core_impl.timed_record(1, b"")
+    with pytest.raises(TypeError, match="record must be bytes"):
+        core_impl.timed_record(1.0, bytearray(b"x"))
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.sized_key("p", "x", 10)
+    for limit in (-1, 65536, 1.0, True):
+        with pytest.raises(ValueError, match="limit must be an int"):
+            core_impl.sized_key(b"p", "x", limit)
+    assert core_impl.timed_record(-0.0, b"r") == b"\x80" + bytes(7) + b"r"
+    assert core_impl.sized_key(b"p", "", 0) == b"p\x00\x00"

@@ -30,6 +30,8 @@ __all__ = [
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -54,3 +56,5 @@ def pack_event(
     action_fields: tuple[str, ...],
     prefix: bytes = b"",
 ) -> bytes | None: ...
+def timed_record(timestamp: float, record: bytes) -> bytes: ...
+def sized_key(prefix: bytes, text: str, limit: int) -> bytes | None: ...

@@ -98,6 +98,8 @@ __all__ = [
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -1064,3 +1066,67 @@ def pack_event(event, fields, action_fields, prefix=b""):
             buf.capacity = 0
         if buf is &_shared:
             _shared_busy = False
+
+
+# -- store key and value bytes --------------------------------------------------------
+#
+# Two byte strings the LMDB store makes for every event of a batch, each in
+# one allocation, where Python would make each piece and then join them.
+
+
+def timed_record(timestamp, record):
+    """Return a float timestamp as 8 bytes (big-endian IEEE double), then the bytes ``record``."""
+    cdef double number
+    cdef Py_ssize_t size
+    cdef uint64_t bits
+    cdef int index
+    if not PyFloat_CheckExact(timestamp):
+        raise TypeError(f"timestamp must be a float, not {type(timestamp).__name__}")
+    if not PyBytes_CheckExact(record):
+        raise TypeError(f"record must be bytes, not {type(record).__name__}")
+    number = PyFloat_AS_DOUBLE(timestamp)
+    size = PyBytes_GET_SIZE(record)
+    out = PyBytes_FromStringAndSize(NULL, 8 + size)
+    cdef char* data = PyBytes_AS_STRING(out)
+    memcpy(&bits, &number, 8)
+    for index in range(8):
+        data[index] = <char>((bits >> (56 - 8 * index)) & 0xFF)
+    memcpy(data + 8, PyBytes_AS_STRING(record), size)
+    return out
+
+
+def sized_key(prefix, text, limit):
+    """Return ``prefix``, the UTF-8 size of ``text`` in two bytes, then its UTF-8, or None.
+
+    None for text longer than ``limit`` bytes of UTF-8 (at most 65,535, the
+    two bytes' range) and for anything but an exact str (a subclass may
+    encode itself another way: the caller encodes it). Text that is not
+    encodable as UTF-8 raises UnicodeEncodeError, as ``str.encode`` does.
+    """
+    cdef Py_ssize_t start
+    cdef Py_ssize_t size
+    cdef Py_ssize_t most
+    cdef const char* raw
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyLong_CheckExact(limit) or not 0 <= limit <= 0xFFFF:
+        raise ValueError(f"limit must be an int in 0 to 65535, not {limit!r}")
+    if not PyUnicode_CheckExact(text):
+        return None
+    most = limit
+    start = PyBytes_GET_SIZE(prefix)
+    _str_ready(text)
+    if PyUnicode_IS_ASCII(text):
+        size = PyUnicode_GET_LENGTH(text)
+        raw = <const char*>PyUnicode_DATA(text)
+    else:
+        raw = PyUnicode_AsUTF8AndSize(text, &size)
+    if size > most:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, start + 2 + size)
+    cdef char* data = PyBytes_AS_STRING(out)
+    memcpy(data, PyBytes_AS_STRING(prefix), start)
+    data[start] = <char>(size >> 8)
+    data[start + 1] = <char>(size & 0xFF)
+    memcpy(data + start + 2, raw, size)
+    return out

@@ -13,6 +13,7 @@ they are read through their ``items()`` and iteration.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final
 
@@ -38,6 +39,8 @@ __all__ = [
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -407,3 +410,38 @@ def _add_map(record: dict[str, Any], name: str, value: object) -> bool:
         return False
     record[name] = value
     return True
+
+
+# -- store key and value bytes --------------------------------------------------------
+
+_F64: Final = struct.Struct(">d")
+
+
+def timed_record(timestamp: float, record: bytes) -> bytes:
+    """Return a float timestamp as 8 bytes (big-endian IEEE double), then the bytes ``record``."""
+    if type(timestamp) is not float:
+        raise TypeError(f"timestamp must be a float, not {type(timestamp).__name__}")
+    if type(record) is not bytes:
+        raise TypeError(f"record must be bytes, not {type(record).__name__}")
+    packed: bytes = _F64.pack(timestamp)
+    return packed + record
+
+
+def sized_key(prefix: bytes, text: str, limit: int) -> bytes | None:
+    """Return ``prefix``, the UTF-8 size of ``text`` in two bytes, then its UTF-8, or None.
+
+    None for text longer than ``limit`` bytes of UTF-8 (at most 65,535, the
+    two bytes' range) and for anything but an exact str (a subclass may
+    encode itself another way: the caller encodes it). Text that is not
+    encodable as UTF-8 raises UnicodeEncodeError, as ``str.encode`` does.
+    """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(limit) is not int or not 0 <= limit <= 0xFFFF:
+        raise ValueError(f"limit must be an int in 0 to 65535, not {limit!r}")
+    if type(text) is not str:
+        return None
+    raw = text.encode()
+    if len(raw) > limit:
+        return None
+    return prefix + len(raw).to_bytes(2, "big") + raw

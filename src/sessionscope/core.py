@@ -43,6 +43,8 @@ __all__ = [
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -129,3 +131,5 @@ check_storable = _impl.check_storable
 check_delta = _impl.check_delta
 pack_event = _impl.pack_event
 pack_plain = _impl.pack_plain
+sized_key = _impl.sized_key
+timed_record = _impl.timed_record
