@@ -550,7 +550,13 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             store._start_time_index(txn, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
-        session.events.append((session.event_prefix + seq, timed_record(timestamp, event)))
+        # Time and record in one allocation (a record of another buffer type is joined).
+        value: bytes = (
+            timed_record(float(timestamp), event)
+            if type(event) is bytes
+            else _F64.pack(timestamp) + event
+        )
+        session.events.append((session.event_prefix + seq, value))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
