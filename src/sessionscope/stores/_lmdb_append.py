@@ -551,12 +551,12 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
         # Time and record in one allocation (a record of another buffer type is joined).
-        value: bytes = (
+        stamped: bytes = (
             timed_record(float(timestamp), event)
             if type(event) is bytes
             else _F64.pack(timestamp) + event
         )
-        session.events.append((session.event_prefix + seq, value))
+        session.events.append((session.event_prefix + seq, stamped))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
