@@ -380,9 +380,9 @@ def _prepare_into(
         raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
     actions = event.actions
     original: Any = actions.state_delta if actions else None
-    app_items: list[tuple[str, bytes]] = []
-    user_items: list[tuple[str, bytes]] = []
-    session_items: list[tuple[str, bytes]] = []
+    app_items: list[tuple[str, bytes]]
+    user_items: list[tuple[str, bytes]]
+    session_items: list[tuple[str, bytes]]
     delta: Any
     temp: Any = None
     if original:
@@ -397,6 +397,7 @@ def _prepare_into(
             delta = dict(original)
             temp = None
     else:
+        app_items, user_items, session_items = [], [], []
         delta = None
     try:
         record: bytes = _encode(event) if encode is None else encode(event)
@@ -409,7 +410,8 @@ def _prepare_into(
     prepared.temps.append(temp)
     prepared.originals.append(original if temp else None)
     prepared.event_ids.append(event_id)
-    prepared.timestamps.append(timestamp)
+    # The event's own float where it is one, rather than a new one of the same value.
+    prepared.timestamps.append(stamp if type(stamp) is float else timestamp)
     prepared.records.append(record)
     prepared.app_items.append(app_items)
     prepared.user_items.append(user_items)
@@ -469,7 +471,8 @@ def _prepare_event(
     delta: Any
     temp: dict[str, Any]
     if original:
-        app_items, user_items, session_items, temp = _scoped_items(pack, original)
+        app_items, user_items, session_items, routed_temp = _scoped_items(pack, original)
+        temp = routed_temp if routed_temp is not None else {}
         # A copy either way: a single append applies it once the store
         # answers, and the caller's map may have changed by then.
         delta = _without(original, temp) if temp else dict(original)
@@ -508,7 +511,7 @@ def _prepare_event(
 
 @cython.cfunc
 def _scoped_items(pack: Any, delta: Any) -> tuple[Any, Any, Any, Any]:
-    """Return a delta's packed (app, user, session) items and its temp map.
+    """Return a delta's packed (app, user, session) items and its temp map (None or empty: none).
 
     The plain route first; any other delta is partitioned with the checks
     that name what is wrong.
@@ -536,7 +539,7 @@ def _without(delta: Any, temp: dict[str, Any]) -> dict[str, Any]:
 
 @cython.cfunc
 def _route_plain(delta: Any) -> Any:
-    """Return a delta's packed (app, user, session) items and temp map, or None.
+    """Return a delta's packed (app, user, session) items and temp map (None: no temp key), or None.
 
     The common delta, ASCII str keys and plain values (see ``pack_plain``,
     which checks and packs each value in one walk), goes straight to packed
@@ -547,12 +550,15 @@ def _route_plain(delta: Any) -> Any:
     app_items: list[tuple[str, bytes]] = []
     user_items: list[tuple[str, bytes]] = []
     session_items: list[tuple[str, bytes]] = []
-    temp: dict[str, Any] = {}
+    # Made at the first temp key: most deltas have none.
+    temp: Any = None
     for key, value in delta.items():
         if type(key) is not str:
             return None
         name: str = key
         if name.startswith(TEMP_PREFIX):
+            if temp is None:
+                temp = {}
             temp[name] = value  # temp values are never stored: anything goes
             continue
         if not name.isascii():
