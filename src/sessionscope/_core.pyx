@@ -806,9 +806,11 @@ cdef extern from *:
     /* The class's version tag, 0 when it has none (or it was reset by a change). */
     static unsigned int sessionscope_version_tag(PyObject* cls) {
         PyTypeObject* type = (PyTypeObject*)cls;
-    #ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    #if PY_VERSION_HEX < 0x030D0000
+        /* Up to 3.12 a change to the class clears this flag (the tag may stay). */
         if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
     #endif
+        /* From 3.13 the flag is unused: a change sets the tag to 0. */
         return type->tp_version_tag;
     }
 
