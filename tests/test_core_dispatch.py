@@ -28,10 +28,13 @@ EXPORTED = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 

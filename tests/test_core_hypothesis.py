@@ -257,3 +257,219 @@ def test_pack_plain_puts_the_prefix_first(core_impl: ModuleType) -> None:
 
 class _Text(str):
     pass
+
+
+# -- pack_event: an event's record packed from its fields ---------------------------
+
+# Field values as callers set them: plain ones, empty text, and values only
+# the checked path packs (tuples, a str subclass, unstorable values).
+event_fields = st.one_of(
+    st.none(),
+    st.just(""),
+    storable_values,
+    any_values,
+    st.builds(_Text, text),
+)
+event_maps = st.one_of(
+    st.none(), st.just({}), str_maps, st.dictionaries(keys, any_values, max_size=2)
+)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> Any:
+    from sessionscope.model import Event, EventActions
+
+    actions = EventActions(
+        state_delta=draw(st.one_of(event_maps, st.builds(_Map, str_maps))),
+        artifact_delta=draw(event_maps),
+        transfer_to_agent=draw(event_fields),
+        escalate=draw(st.one_of(st.none(), st.booleans())),
+        extra=draw(event_maps),
+    )
+    return Event(
+        author=draw(event_fields),
+        content=draw(event_fields),
+        id=draw(st.one_of(text, st.just("e1"))),
+        timestamp=draw(st.one_of(st.floats(allow_nan=False), st.integers(-5, 5))),
+        invocation_id=draw(event_fields),
+        turn_complete=draw(st.one_of(st.none(), st.booleans())),
+        custom_metadata=draw(event_maps),
+        long_running_tool_ids=draw(st.one_of(st.none(), st.lists(text, max_size=2))),
+        actions=actions,
+        extra=draw(event_maps),
+    )
+
+
+def _pack_event(core: ModuleType, event: Any) -> bytes | None:
+    from sessionscope import _append
+
+    packed: bytes | None = core.pack_event(
+        event, _append._EVENT_FIELDS, _append._ACTION_FIELDS, b"\x01"
+    )
+    return packed
+
+
+@needs_compiled
+@SETTINGS
+@given(events())
+def test_pack_event_agrees_and_packs_the_checked_record(event: Any) -> None:
+    """Both builds decline the same events, and pack the others to their checked record's bytes."""
+    from sessionscope import _append
+
+    assert _compiled is not None
+    expected = _outcome(_pack_event, _core_py, event)
+    assert _outcome(_pack_event, _compiled, event) == expected
+    kind, packed = expected
+    assert kind == "ok"
+    if packed is not None:
+        assert packed == b"\x01" + codec.pack(_append.event_to_record(event))
+
+
+def test_pack_event_leaves_what_it_does_not_walk_to_the_caller(core_impl: ModuleType) -> None:
+    """A field of another type, a delta that is not a dict or a value not plain gives None."""
+    from sessionscope.model import Event, EventActions
+
+    plain = Event(author="a", id="e1", timestamp=1.0, content={"parts": [{"text": "hé"}]})
+    assert _pack_event(core_impl, plain) == b"\x01" + codec.pack(
+        {"id": "e1", "timestamp": 1.0, "author": "a", "content": {"parts": [{"text": "hé"}]}}
+    )
+    declined = [
+        Event(author=_Text("a str subclass"), id="e1", timestamp=1.0),
+        Event(content=(1, 2), id="e1", timestamp=1.0),
+        Event(content={"k": {1}}, id="e1", timestamp=1.0),
+        Event(author="lone \ud800", id="e1", timestamp=1.0),
+        Event(id="e1", timestamp=1.0, actions=EventActions(state_delta=_Map({"k": 1}))),
+        Event(id="e1", timestamp=1.0, actions=EventActions(escalate=(True,))),  # type: ignore[arg-type]
+        Event(id="e1", timestamp=1.0, extra={"k": 2**64}),
+        Event(id=("e", 1), timestamp=1.0),  # type: ignore[arg-type]
+    ]
+    for event in declined:
+        assert _pack_event(core_impl, event) is None, event
+    # Empty text and maps are left out, as the record leaves them out.
+    empty = Event(author="", id="e1", timestamp=2, actions=EventActions(state_delta={}), extra={})
+    assert _pack_event(core_impl, empty) == b"\x01" + codec.pack({"id": "e1", "timestamp": 2})
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.pack_event(plain, (), (), "x")
+    with pytest.raises(TypeError, match="must be tuples"):
+        core_impl.pack_event(plain, ["author"], (), b"")
+
+
+class _Map(dict):  # type: ignore[type-arg]
+    pass
+
+
+def test_pack_event_reads_what_getattr_reads(core_impl: ModuleType) -> None:
+    """Slots read directly give what getattr gives: subclasses, changed classes, empty slots."""
+    from dataclasses import dataclass, field
+
+    from sessionscope.model import Event, EventActions
+
+    def record_of(event: Any) -> bytes | None:
+        return core_impl.pack_event(event, ("author",), (), b"")  # type: ignore[no-any-return]
+
+    def packed(**record: Any) -> bytes:
+        return codec.pack(record)
+
+    @dataclass(slots=True)
+    class Slotted:
+        id: str = "e1"
+        timestamp: float = 1.0
+        author: str = "slot"
+        actions: EventActions = field(default_factory=EventActions)
+        extra: dict[str, Any] = field(default_factory=dict)
+
+    class Renamed(Event):
+        """A subclass that reads ``author`` through a property, not the slot."""
+
+        __slots__ = ()
+        author = property(lambda self: "property", lambda self, value: None)  # type: ignore[assignment]
+
+    assert record_of(Slotted()) == packed(id="e1", timestamp=1.0, author="slot")
+    assert record_of(Event(author="plain", id="e1", timestamp=1.0)) == packed(
+        id="e1", timestamp=1.0, author="plain"
+    )
+    assert record_of(Renamed(author="slot", id="e1", timestamp=1.0)) == packed(
+        id="e1", timestamp=1.0, author="property"
+    )
+    # A class changed after its slots were read: the change is seen at once.
+    made = Slotted()
+    kept = Slotted.author
+    Slotted.author = property(lambda self: "changed")  # type: ignore[assignment, method-assign]
+    try:
+        assert record_of(made) == packed(id="e1", timestamp=1.0, author="changed")
+    finally:
+        Slotted.author = kept  # type: ignore[method-assign]
+    assert record_of(made) == packed(id="e1", timestamp=1.0, author="slot")
+    # An empty slot raises as getattr does.
+    empty = Slotted()
+    del empty.author
+    with pytest.raises(AttributeError):
+        record_of(empty)
+    # An object without slots, and the same fields named by another tuple.
+    plain = type("Plain", (), {})()
+    for name, value in {"id": "e2", "timestamp": 2.0, "author": "dict", "extra": {}}.items():
+        setattr(plain, name, value)
+    plain.actions = EventActions()  # type: ignore[attr-defined]
+    assert record_of(plain) == packed(id="e2", timestamp=2.0, author="dict")
+    assert core_impl.pack_event(Slotted(), (), (), b"") == packed(id="e1", timestamp=1.0)
+    assert record_of(Slotted()) == packed(id="e1", timestamp=1.0, author="slot")
+
+
+# -- store key and value bytes --------------------------------------------------------
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.one_of(st.floats(), st.integers(-3, 3), st.none()),
+    st.one_of(st.binary(max_size=40), st.text(max_size=2)),
+)
+def test_timed_record_agrees_and_puts_the_time_first(timestamp: Any, record: Any) -> None:
+    """Both builds refuse the same arguments and give the same bytes: the time, then the record."""
+    import struct
+
+    kind, stamped = _agree("timed_record", timestamp, record)
+    if kind == "ok":
+        assert stamped == struct.pack(">d", timestamp) + record
+    else:
+        assert type(timestamp) is not float or type(record) is not bytes
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.binary(max_size=12),
+    st.one_of(st.text(max_size=160), st.just("é" * 80), st.just("lone \ud800"), st.builds(_Text)),
+    st.sampled_from([0, 3, 150, 65535]),
+)
+def test_sized_key_agrees_and_is_the_stores_key_part(prefix: bytes, text: str, limit: int) -> None:
+    """Both builds give the prefix and the store's key part of short text, None past the limit."""
+    from sessionscope.stores._lmdb_append import unique_part
+
+    kind, key = _agree("sized_key", prefix, text, limit)
+    if type(text) is not str:
+        assert (kind, key) == ("ok", None)
+    elif kind == "UnicodeEncodeError":
+        with pytest.raises(UnicodeEncodeError):
+            text.encode()
+    elif len(text.encode()) > limit:
+        assert key is None
+    else:
+        assert key == prefix + len(text.encode()).to_bytes(2, "big") + text.encode()
+        if limit == 150:
+            assert key == prefix + unique_part(text)
+
+
+def test_key_and_value_helpers_refuse_other_types(core_impl: ModuleType) -> None:
+    """A time that is not a float, a record or prefix that is not bytes, a limit out of range."""
+    with pytest.raises(TypeError, match="timestamp must be a float"):
+        core_impl.timed_record(1, b"")
+    with pytest.raises(TypeError, match="record must be bytes"):
+        core_impl.timed_record(1.0, bytearray(b"x"))
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.sized_key("p", "x", 10)
+    for limit in (-1, 65536, 1.0, True):
+        with pytest.raises(ValueError, match="limit must be an int"):
+            core_impl.sized_key(b"p", "x", limit)
+    assert core_impl.timed_record(-0.0, b"r") == b"\x80" + bytes(7) + b"r"
+    assert core_impl.sized_key(b"p", "", 0) == b"p\x00\x00"

@@ -215,3 +215,35 @@ def _outcome(function: Any, *args: Any) -> tuple[str, Any]:
         return "ok", function(*args)
     except Exception as error:  # compared by type and message
         return type(error).__name__, str(error)
+
+
+# Deltas as callers send them: plain values, nested plain maps and lists,
+# non-ASCII text, and values only the checked partition names (tuples, sets,
+# ints past the 64-bit range).
+route_values = st.one_of(
+    values,
+    st.dictionaries(st.text(max_size=3), values, max_size=2),
+    st.sampled_from([(1, 2), {1, 2}, "lone \ud800", 2**70]),
+)
+
+
+@SETTINGS
+@given(delta=st.dictionaries(st.one_of(keys, st.sampled_from([1, "é:k"])), route_values))
+def test_a_routed_delta_packs_as_the_checked_partition(delta: dict[Any, Any]) -> None:
+    """The plain route gives the checked partition's items and temp map, or leaves it the delta."""
+    from sessionscope import _append, codec
+    from sessionscope.core import partition_checked
+
+    routed = _append._route_plain(delta)
+    checked = _outcome(partition_checked, delta)
+    if routed is None:
+        return
+    assert checked[0] == "ok"
+    app, user, session, temp = checked[1]
+    assert routed[:3] == (
+        [(key, codec.pack(value)) for key, value in app.items()],
+        [(key, codec.pack(value)) for key, value in user.items()],
+        [(key, codec.pack(value)) for key, value in session.items()],
+    )
+    # No temp map is made for a delta without temp keys.
+    assert routed[3] == (temp or None)

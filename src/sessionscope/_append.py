@@ -32,6 +32,7 @@ from .core import (
     USER_PREFIX,
     apply_delta,
     check_storable,
+    pack_event,
     pack_plain,
     partition_checked,
 )
@@ -60,9 +61,6 @@ _INF = float("inf")
 _EVENT_PREFIX = bytes([codec.EVENT_FORMAT])
 _APP_LEN = len(APP_PREFIX)
 _USER_LEN = len(USER_PREFIX)
-# The storable int range (64-bit, signed or unsigned), as the scope core checks it.
-_INT_MIN = -(2**63)
-_INT_MAX = 2**64 - 1
 
 _EVENT_FIELDS = (
     "author",
@@ -125,27 +123,35 @@ def event_to_record(event: Event) -> dict[str, Any]:
     Every value but the state delta (checked with the delta itself) is checked
     here, so an unstorable one is named by its path, e.g. ``event.content[...]``.
     """
-    record: dict[str, Any] = _record(event, True)
+    record: dict[str, Any] = _record(event)
     return record
 
 
 def encode_event(event: Event) -> bytes:
     """Return the stored bytes of an event: the format byte, then its set fields packed.
 
-    A record of plain values is checked and packed in one walk
-    (``pack_plain``); any other goes through ``event_to_record``'s checks,
-    whose errors name the bad value, and msgpack. The bytes are the same.
+    A record of plain values is checked and packed in one walk, straight
+    from the event's fields (``pack_event``); any other goes through
+    ``event_to_record``'s checks, whose errors name the bad value, and
+    msgpack. The bytes are the same.
     """
-    stored = pack_plain(_record(event, False), _EVENT_PREFIX)
+    stored: bytes = _encode(event)
+    return stored
+
+
+@cython.cfunc
+def _encode(event: Any) -> bytes:
+    """Return ``encode_event(event)``: a C call from this module's compiled build."""
+    stored = pack_event(event, _EVENT_FIELDS, _ACTION_FIELDS, _EVENT_PREFIX)
     if stored is None:
-        packed: bytes = codec.packer().pack(_record(event, True))
+        packed: bytes = codec.packer().pack(_record(event))
         stored = _EVENT_PREFIX + packed
     return stored
 
 
 @cython.cfunc
-def _record(event: Any, check: cython.bint) -> dict[str, Any]:
-    """Return the record of ``event_to_record``; without ``check``, its values unchecked."""
+def _record(event: Any) -> dict[str, Any]:
+    """Return the record of ``event_to_record``, its values checked."""
     record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
     for name in _EVENT_FIELDS:
         value = getattr(event, name)
@@ -161,32 +167,27 @@ def _record(event: Any, check: cython.bint) -> dict[str, Any]:
                 continue
         elif value == "":
             continue
-        if check:
-            check_storable(value, "event." + name)
+        check_storable(value, "event." + name)
         record[name] = value
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
         packed["state_delta"] = actions.state_delta
     if actions.artifact_delta:
-        if check:
-            check_storable(actions.artifact_delta, "event.actions.artifact_delta")
+        check_storable(actions.artifact_delta, "event.actions.artifact_delta")
         packed["artifact_delta"] = actions.artifact_delta
     for name in _ACTION_FIELDS:
         value = getattr(actions, name)
         if value is not None:
-            if check:
-                check_storable(value, "event.actions." + name)
+            check_storable(value, "event.actions." + name)
             packed[name] = value
     if actions.extra:
-        if check:
-            check_storable(actions.extra, "event.actions.extra")
+        check_storable(actions.extra, "event.actions.extra")
         packed["extra"] = actions.extra
     if packed:
         record["actions"] = packed
     if event.extra:
-        if check:
-            check_storable(event.extra, "event.extra")
+        check_storable(event.extra, "event.extra")
         record["extra"] = event.extra
     return record
 
@@ -317,6 +318,10 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
     # Per live session (by id): its key's position in the batch's keys.
     positions: dict[int, tuple[Any, int]] = {}
     pack = codec.packer().pack
+    # The model's encoding, or None for this module's own (called without a Python call).
+    encode: Any = model.encode_event
+    if encode is encode_event:
+        encode = None
     # The last event's session and its key's position: runs of one session's
     # events skip the look-up.
     last: Any = None
@@ -327,7 +332,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
                 continue
             if session is last:
                 prepared.owners.append(owner)
-                _prepare_into(model, pack, event, prepared)
+                _prepare_into(model, pack, encode, event, prepared)
                 continue
             known = positions.get(id(session))
             # The dict holds each session it saw, so no other object takes its id meanwhile.
@@ -342,7 +347,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
             last = session
             owner = known[1]
             prepared.owners.append(owner)
-            _prepare_into(model, pack, event, prepared)
+            _prepare_into(model, pack, encode, event, prepared)
     except BaseException:
         abandon_many(model, prepared, 0)
         raise
@@ -350,7 +355,9 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
 
 
 @cython.cfunc
-def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) -> cython.int:
+def _prepare_into(
+    model: Any, pack: Any, encode: Any, event: Any, prepared: PreparedBatch
+) -> cython.int:
     """Check and pack one event of a batch, onto the ends of the batch's lists.
 
     As ``_prepare_event`` for a locked append without catch-up: the delta is
@@ -373,9 +380,9 @@ def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) ->
         raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
     actions = event.actions
     original: Any = actions.state_delta if actions else None
-    app_items: list[tuple[str, bytes]] = []
-    user_items: list[tuple[str, bytes]] = []
-    session_items: list[tuple[str, bytes]] = []
+    app_items: list[tuple[str, bytes]]
+    user_items: list[tuple[str, bytes]]
+    session_items: list[tuple[str, bytes]]
     delta: Any
     temp: Any = None
     if original:
@@ -390,9 +397,10 @@ def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) ->
             delta = dict(original)
             temp = None
     else:
+        app_items, user_items, session_items = [], [], []
         delta = None
     try:
-        record: bytes = model.encode_event(event)
+        record: bytes = _encode(event) if encode is None else encode(event)
     except BaseException:
         if temp:
             actions.state_delta = dict(original)
@@ -402,7 +410,8 @@ def _prepare_into(model: Any, pack: Any, event: Any, prepared: PreparedBatch) ->
     prepared.temps.append(temp)
     prepared.originals.append(original if temp else None)
     prepared.event_ids.append(event_id)
-    prepared.timestamps.append(timestamp)
+    # The event's own float where it is one, rather than a new one of the same value.
+    prepared.timestamps.append(stamp if type(stamp) is float else timestamp)
     prepared.records.append(record)
     prepared.app_items.append(app_items)
     prepared.user_items.append(user_items)
@@ -462,7 +471,8 @@ def _prepare_event(
     delta: Any
     temp: dict[str, Any]
     if original:
-        app_items, user_items, session_items, temp = _scoped_items(pack, original)
+        app_items, user_items, session_items, routed_temp = _scoped_items(pack, original)
+        temp = routed_temp if routed_temp is not None else {}
         # A copy either way: a single append applies it once the store
         # answers, and the caller's map may have changed by then.
         delta = _without(original, temp) if temp else dict(original)
@@ -501,12 +511,12 @@ def _prepare_event(
 
 @cython.cfunc
 def _scoped_items(pack: Any, delta: Any) -> tuple[Any, Any, Any, Any]:
-    """Return a delta's packed (app, user, session) items and its temp map.
+    """Return a delta's packed (app, user, session) items and its temp map (None or empty: none).
 
     The plain route first; any other delta is partitioned with the checks
     that name what is wrong.
     """
-    routed: tuple[Any, Any, Any, Any] | None = _route_plain(pack, delta)
+    routed: tuple[Any, Any, Any, Any] | None = _route_plain(delta)
     if routed is not None:
         return routed
     app_delta, user_delta, session_delta, temp = partition_checked(delta)
@@ -528,43 +538,40 @@ def _without(delta: Any, temp: dict[str, Any]) -> dict[str, Any]:
 
 
 @cython.cfunc
-def _route_plain(pack: Any, delta: Any) -> Any:
-    """Return a delta's packed (app, user, session) items and temp map, or None.
+def _route_plain(delta: Any) -> Any:
+    """Return a delta's packed (app, user, session) items and temp map (None: no temp key), or None.
 
-    The common delta, ASCII str keys and plain values (None, bool, bytes,
-    float, 64-bit int, ASCII str), goes straight to packed items, in the
-    delta's order, without the maps ``partition_checked`` builds. Any other
-    key or value gives None: the caller partitions the delta with its checks,
-    which name what is wrong, as for a single append.
+    The common delta, ASCII str keys and plain values (see ``pack_plain``,
+    which checks and packs each value in one walk), goes straight to packed
+    items, in the delta's order, without the maps ``partition_checked``
+    builds. Any other key or value gives None: the caller partitions the
+    delta with its checks, which name what is wrong, as for a single append.
     """
     app_items: list[tuple[str, bytes]] = []
     user_items: list[tuple[str, bytes]] = []
     session_items: list[tuple[str, bytes]] = []
-    temp: dict[str, Any] = {}
+    # Made at the first temp key: most deltas have none.
+    temp: Any = None
     for key, value in delta.items():
         if type(key) is not str:
             return None
         name: str = key
         if name.startswith(TEMP_PREFIX):
+            if temp is None:
+                temp = {}
             temp[name] = value  # temp values are never stored: anything goes
             continue
         if not name.isascii():
             return None
-        kind = type(value)
-        if kind is str:
-            if not value.isascii():
-                return None
-        elif kind is int:
-            if not _INT_MIN <= value <= _INT_MAX:
-                return None
-        elif kind is not float and kind is not bool and value is not None and kind is not bytes:
+        packed = pack_plain(value)
+        if packed is None:
             return None
         if name.startswith(APP_PREFIX):
-            app_items.append((_bare(name, _APP_LEN), pack(value)))
+            app_items.append((_bare(name, _APP_LEN), packed))
         elif name.startswith(USER_PREFIX):
-            user_items.append((_bare(name, _USER_LEN), pack(value)))
+            user_items.append((_bare(name, _USER_LEN), packed))
         else:
-            session_items.append((name, pack(value)))
+            session_items.append((name, packed))
     return app_items, user_items, session_items, temp
 
 

@@ -25,10 +25,13 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -47,3 +50,11 @@ def apply_delta(state: MutableMapping[str, Any], delta: Mapping[str, Any]) -> No
 def check_storable(value: object, path: str) -> None: ...
 def check_delta(delta: Mapping[str, Any], root: str = "state") -> None: ...
 def pack_plain(value: object, prefix: bytes = b"") -> bytes | None: ...
+def pack_event(
+    event: object,
+    fields: tuple[str, ...],
+    action_fields: tuple[str, ...],
+    prefix: bytes = b"",
+) -> bytes | None: ...
+def timed_record(timestamp: float, record: bytes) -> bytes: ...
+def sized_key(prefix: bytes, text: str, limit: int) -> bytes | None: ...

@@ -15,7 +15,14 @@ from cpython.bytes cimport (
     PyBytes_FromStringAndSize,
     PyBytes_GET_SIZE,
 )
-from cpython.dict cimport PyDict_Check, PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_SetItem
+from cpython.dict cimport (
+    PyDict_Check,
+    PyDict_CheckExact,
+    PyDict_Copy,
+    PyDict_Next,
+    PyDict_SetItem,
+    PyDict_Size,
+)
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_Check, PyFloat_CheckExact
 from cpython.list cimport PyList_Check, PyList_CheckExact, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport (
@@ -26,7 +33,7 @@ from cpython.long cimport (
 )
 from cpython.object cimport PyObject_SetItem
 from cpython.ref cimport PyObject
-from cpython.tuple cimport PyTuple_Check, PyTuple_CheckExact
+from cpython.tuple cimport PyTuple_Check, PyTuple_CheckExact, PyTuple_GET_SIZE
 from cpython.unicode cimport (
     PyUnicode_1BYTE_DATA,
     PyUnicode_Check,
@@ -86,10 +93,13 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -762,3 +772,363 @@ def pack_plain(value, prefix=b""):
             buf.capacity = 0
         if buf is &_shared:
             _shared_busy = False
+
+
+# -- packing an event's record ----------------------------------------------------
+#
+# pack_event writes the map an event's record is, straight from the event's
+# attributes, where pack_plain(record) would walk a dict built from them first:
+# the same bytes, without a dict per event. Both maps have at most 15 entries
+# (fixmap), so a one-byte header is written first and set once they are counted.
+#
+# The event's attributes are read about twenty times an append. An event
+# class with __slots__ (the native Event, EventActions) keeps each one at a
+# fixed offset in the object: once the class's slots are known (_Slots), a
+# read is a load from that offset, where getattr would look the name up along
+# the class's MRO and call its descriptor each time. It is only taken for an
+# object of exactly that class, while the class is unchanged since (its
+# version tag, which CPython resets on any change to the class or a base);
+# anything else, and an empty slot, reads through getattr.
+
+cdef extern from *:
+    """
+    #include "structmember.h"
+
+    /* The offset of a slot's member descriptor in its objects; -1 for anything else. */
+    static Py_ssize_t sessionscope_slot_offset(PyObject* descr) {
+        PyMemberDef* member;
+        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+        member = ((PyMemberDescrObject*)descr)->d_member;
+        if (member->type != T_OBJECT_EX || member->offset <= 0) return -1;
+        return member->offset;
+    }
+
+    /* The class's version tag, 0 when it has none (or it was reset by a change). */
+    static unsigned int sessionscope_version_tag(PyObject* cls) {
+        PyTypeObject* type = (PyTypeObject*)cls;
+    #if PY_VERSION_HEX < 0x030D0000
+        /* Up to 3.12 a change to the class clears this flag (the tag may stay). */
+        if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    #endif
+        /* From 3.13 the flag is unused: a change sets the tag to 0. */
+        return type->tp_version_tag;
+    }
+
+    /* Whether the class reads attributes the generic way (no __getattribute__ of its own). */
+    static int sessionscope_generic_getattr(PyObject* cls) {
+        return ((PyTypeObject*)cls)->tp_getattro == PyObject_GenericGetAttr;
+    }
+
+    /* The object in a slot (borrowed), or NULL for an empty slot. */
+    static PyObject* sessionscope_slot(PyObject* obj, Py_ssize_t offset) {
+        return *(PyObject**)((char*)obj + offset);
+    }
+    """
+    Py_ssize_t _slot_offset "sessionscope_slot_offset" (object descr)
+    unsigned int _version_tag "sessionscope_version_tag" (object cls)
+    bint _generic_getattr "sessionscope_generic_getattr" (object cls)
+    PyObject* _slot "sessionscope_slot" (object obj, Py_ssize_t offset)
+
+
+cdef enum:
+    _MAX_SLOTS = 32
+
+
+cdef class _Slots:
+    """The offsets of some attributes of a class's objects, where all are slots."""
+
+    cdef object cls
+    cdef tuple names
+    # The names as the caller gave them (see _slots_for), to know them again.
+    cdef object given
+    cdef unsigned int tag
+    cdef bint direct
+    cdef Py_ssize_t offsets[_MAX_SLOTS]
+
+    def __init__(self, obj, tuple names, given):
+        cdef Py_ssize_t index
+        cdef Py_ssize_t offset
+        cls = type(obj)
+        self.cls = cls
+        self.names = names
+        self.given = given
+        self.direct = _generic_getattr(cls) and len(names) <= _MAX_SLOTS
+        for index, name in enumerate(names):
+            if not self.direct:
+                break
+            offset = _slot_offset(_class_attribute(cls, name))
+            self.direct = offset > 0
+            self.offsets[index] = offset
+        # A read of the object's first attribute gives the class a version tag if it has none.
+        if names:
+            getattr(obj, names[0])
+        self.tag = _version_tag(cls)
+        self.direct = self.direct and self.tag != 0
+
+    cdef inline object read(self, object obj, Py_ssize_t index):
+        """Return attribute ``index`` of ``obj``: from its slot where that is safe."""
+        cdef PyObject* found
+        if self.direct and type(obj) is self.cls and _version_tag(self.cls) == self.tag:
+            found = _slot(obj, self.offsets[index])
+            if found != NULL:
+                return <object>found
+        return getattr(obj, self.names[index])
+
+
+cdef object _class_attribute(object cls, object name):
+    """Return what the class's MRO holds under ``name`` (None when nothing)."""
+    for base in cls.__mro__:
+        found = base.__dict__.get(name)
+        if found is not None:
+            return found
+    return None
+
+
+# The slots of the last event class and actions class packed, by the field names asked for.
+cdef _Slots _event_slots = None
+cdef _Slots _action_slots = None
+
+
+cdef _Slots _slots_for(_Slots known, object obj, tuple leading, object given, tuple trailing):
+    """Return ``known`` when it is for ``obj``'s class as it is and these names, or new slots."""
+    if (
+        known is not None
+        and known.cls is type(obj)
+        and (known.given is given or known.given == given)
+        and (not known.direct or known.tag == _version_tag(known.cls))
+    ):
+        return known
+    return _Slots(obj, leading + given + trailing, given)
+
+
+cdef int _FIXMAP_MAX = 15
+_EVENT_LEADING = ("id", "timestamp")
+_EVENT_TRAILING = ("actions", "extra")
+_ACTION_LEADING = ("state_delta", "artifact_delta")
+_ACTION_TRAILING = ("extra",)
+
+
+cdef inline bint _is_empty_dict(object value) noexcept:
+    return PyDict_CheckExact(value) and PyDict_Size(value) == 0
+
+
+cdef int _put_entry(_Buffer* buf, str name, object value, int depth) except -1:
+    """Pack a map entry: ``name``, then a plain value at ``depth``; 0 for another value."""
+    if not _put_str(buf, name):
+        return 0
+    return _put_plain(buf, value, depth)
+
+
+cdef int _put_set_field(_Buffer* buf, str name, object value, int depth, int* count) except -1:
+    """Pack a field that is set: not None, and not empty text.
+
+    0 for a value of another type than the plain ones (the caller's general
+    path decides whether it is empty, and how it packs).
+    """
+    if value is None:
+        return 1
+    if PyUnicode_CheckExact(value):
+        if PyUnicode_GET_LENGTH(value) == 0:
+            return 1
+    elif not (
+        PyDict_CheckExact(value)
+        or PyList_CheckExact(value)
+        or PyBool_Check(value)
+        or PyLong_CheckExact(value)
+        or PyFloat_CheckExact(value)
+        or PyBytes_CheckExact(value)
+    ):
+        return 0
+    if not _put_entry(buf, name, value, depth):
+        return 0
+    count[0] += 1
+    return 1
+
+
+cdef int _put_map_entry(
+    _Buffer* buf, str name, object value, int depth, int* count
+) except -1:
+    """Pack ``name`` and a dict when it is not empty (a falsy map is left out); 0 for another value."""
+    if value is None or _is_empty_dict(value):
+        return 1
+    if not PyDict_CheckExact(value):
+        return 0
+    if not _put_entry(buf, name, value, depth):
+        return 0
+    count[0] += 1
+    return 1
+
+
+cdef int _put_event(_Buffer* buf, object event, tuple fields, tuple action_fields) except -1:
+    """Pack an event's record (see pack_event); 0, with the buffer in any state, for another."""
+    global _event_slots, _action_slots
+    cdef Py_ssize_t head = buf.size
+    cdef Py_ssize_t actions_head
+    cdef Py_ssize_t actions_start
+    cdef Py_ssize_t index
+    cdef Py_ssize_t size = PyTuple_GET_SIZE(fields)
+    cdef int count = 2
+    cdef int actions_count = 0
+    cdef _Slots slots = _slots_for(_event_slots, event, _EVENT_LEADING, fields, _EVENT_TRAILING)
+    cdef _Slots action_slots
+    _event_slots = slots
+    _put_head(buf, 0x80, 0, 0)
+    if not _put_entry(buf, "id", slots.read(event, 0), 1):
+        return 0
+    if not _put_entry(buf, "timestamp", slots.read(event, 1), 1):
+        return 0
+    for index in range(size):
+        if not _put_set_field(buf, fields[index], slots.read(event, 2 + index), 1, &count):
+            return 0
+    actions = slots.read(event, 2 + size)
+    action_slots = _slots_for(
+        _action_slots, actions, _ACTION_LEADING, action_fields, _ACTION_TRAILING
+    )
+    _action_slots = action_slots
+    actions_start = buf.size
+    _put_str(buf, "actions")
+    actions_head = buf.size
+    _put_head(buf, 0x80, 0, 0)
+    if not _put_map_entry(buf, "state_delta", action_slots.read(actions, 0), 2, &actions_count):
+        return 0
+    if not _put_map_entry(
+        buf, "artifact_delta", action_slots.read(actions, 1), 2, &actions_count
+    ):
+        return 0
+    for index in range(PyTuple_GET_SIZE(action_fields)):
+        value = action_slots.read(actions, 2 + index)
+        if value is None:
+            continue
+        if not _put_entry(buf, action_fields[index], value, 2):
+            return 0
+        actions_count += 1
+    if not _put_map_entry(
+        buf, "extra", action_slots.read(actions, 2 + PyTuple_GET_SIZE(action_fields)), 2,
+        &actions_count,
+    ):
+        return 0
+    if actions_count:
+        if actions_count > _FIXMAP_MAX:
+            return 0
+        buf.data[actions_head] = <char>(0x80 | actions_count)
+        count += 1
+    else:
+        buf.size = actions_start
+    if not _put_map_entry(buf, "extra", slots.read(event, 3 + size), 1, &count):
+        return 0
+    if count > _FIXMAP_MAX:
+        return 0
+    buf.data[head] = <char>(0x80 | count)
+    return 1
+
+
+def pack_event(event, fields, action_fields, prefix=b""):
+    """Return ``prefix`` and the msgpack bytes of an event's record, or None: the caller packs it.
+
+    The record is the map of the event's ``id`` and ``timestamp``, each of
+    ``fields`` set (not None, not empty text), its ``actions`` when any of
+    them is set (a non-empty ``state_delta``, ``artifact_delta`` and
+    ``extra``; each of ``action_fields`` not None), and a non-empty ``extra``:
+    the bytes ``pack_plain`` gives for that map. None for a record that is not
+    plain (see ``pack_plain``), for a field of another type than the plain
+    ones, a delta or ``extra`` that is not a dict, and a map of more than 15
+    entries.
+    """
+    global _shared_busy
+    cdef _Buffer own
+    cdef _Buffer* buf = &_shared
+    cdef Py_ssize_t size
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyTuple_CheckExact(fields) or not PyTuple_CheckExact(action_fields):
+        raise TypeError("fields and action_fields must be tuples of str")
+    # Attribute reads can run Python code: a call made meanwhile takes a buffer of its own.
+    if _shared_busy:
+        own = _Buffer(NULL, 0, 0)
+        buf = &own
+    else:
+        _shared_busy = True
+    try:
+        if buf.data == NULL:
+            buf.data = <char*>malloc(4096)
+            if buf.data == NULL:
+                raise MemoryError()
+            buf.capacity = 4096
+        buf.size = 0
+        size = PyBytes_GET_SIZE(prefix)
+        if size:
+            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        if not _put_event(buf, event, fields, action_fields):
+            return None
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
+            free(buf.data)
+            buf.data = NULL
+            buf.capacity = 0
+        if buf is &_shared:
+            _shared_busy = False
+
+
+# -- store key and value bytes --------------------------------------------------------
+#
+# Two byte strings the LMDB store makes for every event of a batch, each in
+# one allocation, where Python would make each piece and then join them.
+
+
+def timed_record(timestamp, record):
+    """Return a float timestamp as 8 bytes (big-endian IEEE double), then the bytes ``record``."""
+    cdef double number
+    cdef Py_ssize_t size
+    cdef uint64_t bits
+    cdef int index
+    if not PyFloat_CheckExact(timestamp):
+        raise TypeError(f"timestamp must be a float, not {type(timestamp).__name__}")
+    if not PyBytes_CheckExact(record):
+        raise TypeError(f"record must be bytes, not {type(record).__name__}")
+    number = PyFloat_AS_DOUBLE(timestamp)
+    size = PyBytes_GET_SIZE(record)
+    out = PyBytes_FromStringAndSize(NULL, 8 + size)
+    cdef char* data = PyBytes_AS_STRING(out)
+    memcpy(&bits, &number, 8)
+    for index in range(8):
+        data[index] = <char>((bits >> (56 - 8 * index)) & 0xFF)
+    memcpy(data + 8, PyBytes_AS_STRING(record), size)
+    return out
+
+
+def sized_key(prefix, text, limit):
+    """Return ``prefix``, the UTF-8 size of ``text`` in two bytes, then its UTF-8, or None.
+
+    None for text longer than ``limit`` bytes of UTF-8 (at most 65,535, the
+    two bytes' range) and for anything but an exact str (a subclass may
+    encode itself another way: the caller encodes it). Text that is not
+    encodable as UTF-8 raises UnicodeEncodeError, as ``str.encode`` does.
+    """
+    cdef Py_ssize_t start
+    cdef Py_ssize_t size
+    cdef Py_ssize_t most
+    cdef const char* raw
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyLong_CheckExact(limit) or not 0 <= limit <= 0xFFFF:
+        raise ValueError(f"limit must be an int in 0 to 65535, not {limit!r}")
+    if not PyUnicode_CheckExact(text):
+        return None
+    most = limit
+    start = PyBytes_GET_SIZE(prefix)
+    _str_ready(text)
+    if PyUnicode_IS_ASCII(text):
+        size = PyUnicode_GET_LENGTH(text)
+        raw = <const char*>PyUnicode_DATA(text)
+    else:
+        raw = PyUnicode_AsUTF8AndSize(text, &size)
+    if size > most:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, start + 2 + size)
+    cdef char* data = PyBytes_AS_STRING(out)
+    memcpy(data, PyBytes_AS_STRING(prefix), start)
+    data[start] = <char>(size >> 8)
+    data[start + 1] = <char>(size & 0xFF)
+    memcpy(data + start + 2, raw, size)
+    return out

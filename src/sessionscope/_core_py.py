@@ -13,6 +13,7 @@ they are read through their ``items()`` and iteration.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final
 
@@ -33,10 +34,13 @@ __all__ = [
     "check_delta",
     "check_storable",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -340,3 +344,104 @@ def _all_plain(value: object, depth: int) -> bool:
     if cls is list:
         return all(_all_plain(item, depth + 1) for item in value)  # type: ignore[attr-defined]
     return False
+
+
+# Field values of these types are packed as they are; any other type gives None.
+_FIELD_TYPES: Final = frozenset({dict, list, bool, int, float, bytes})
+# A msgpack fixmap holds this many entries at most: pack_event packs no bigger map.
+_FIXMAP_MAX: Final = 15
+
+
+def pack_event(
+    event: Any,
+    fields: tuple[str, ...],
+    action_fields: tuple[str, ...],
+    prefix: bytes = b"",
+) -> bytes | None:
+    """Return ``prefix`` and the msgpack bytes of an event's record, or None: the caller packs it.
+
+    The record is the map of the event's ``id`` and ``timestamp``, each of
+    ``fields`` set (not None, not empty text), its ``actions`` when any of
+    them is set (a non-empty ``state_delta``, ``artifact_delta`` and
+    ``extra``; each of ``action_fields`` not None), and a non-empty ``extra``:
+    the bytes ``pack_plain`` gives for that map. None for a record that is not
+    plain (see ``pack_plain``), for a field of another type than the plain
+    ones, a delta or ``extra`` that is not a dict, and a map of more than 15
+    entries. The compiled core packs the map without building it.
+    """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(fields) is not tuple or type(action_fields) is not tuple:
+        raise TypeError("fields and action_fields must be tuples of str")
+    record: dict[str, Any] = {"id": event.id, "timestamp": event.timestamp}
+    for name in fields:
+        value = getattr(event, name)
+        if value is None or (type(value) is str and not value):
+            continue
+        if type(value) is not str and type(value) not in _FIELD_TYPES:
+            return None
+        record[name] = value
+    actions = event.actions
+    packed: dict[str, Any] = {}
+    if not _add_map(packed, "state_delta", actions.state_delta):
+        return None
+    if not _add_map(packed, "artifact_delta", actions.artifact_delta):
+        return None
+    for name in action_fields:
+        value = getattr(actions, name)
+        if value is not None:
+            packed[name] = value
+    if not _add_map(packed, "extra", actions.extra):
+        return None
+    if packed:
+        if len(packed) > _FIXMAP_MAX:
+            return None
+        record["actions"] = packed
+    if not _add_map(record, "extra", event.extra) or len(record) > _FIXMAP_MAX:
+        return None
+    return pack_plain(record, prefix)
+
+
+def _add_map(record: dict[str, Any], name: str, value: object) -> bool:
+    """Add a dict to ``record`` when it is not empty; False for a value not a dict."""
+    if value is None or (type(value) is dict and not value):
+        return True
+    if type(value) is not dict:
+        return False
+    record[name] = value
+    return True
+
+
+# -- store key and value bytes --------------------------------------------------------
+
+_F64: Final = struct.Struct(">d")
+
+
+def timed_record(timestamp: float, record: bytes) -> bytes:
+    """Return a float timestamp as 8 bytes (big-endian IEEE double), then the bytes ``record``."""
+    if type(timestamp) is not float:
+        raise TypeError(f"timestamp must be a float, not {type(timestamp).__name__}")
+    if type(record) is not bytes:
+        raise TypeError(f"record must be bytes, not {type(record).__name__}")
+    packed: bytes = _F64.pack(timestamp)
+    return packed + record
+
+
+def sized_key(prefix: bytes, text: str, limit: int) -> bytes | None:
+    """Return ``prefix``, the UTF-8 size of ``text`` in two bytes, then its UTF-8, or None.
+
+    None for text longer than ``limit`` bytes of UTF-8 (at most 65,535, the
+    two bytes' range) and for anything but an exact str (a subclass may
+    encode itself another way: the caller encodes it). Text that is not
+    encodable as UTF-8 raises UnicodeEncodeError, as ``str.encode`` does.
+    """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(limit) is not int or not 0 <= limit <= 0xFFFF:
+        raise ValueError(f"limit must be an int in 0 to 65535, not {limit!r}")
+    if type(text) is not str:
+        return None
+    raw = text.encode()
+    if len(raw) > limit:
+        return None
+    return prefix + len(raw).to_bytes(2, "big") + raw

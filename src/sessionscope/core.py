@@ -38,10 +38,13 @@ __all__ = [
     "check_storable",
     "compiled_or_twin",
     "merge_scopes",
+    "pack_event",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
+    "sized_key",
+    "timed_record",
     "trim_temp_keys",
 ]
 
@@ -126,4 +129,7 @@ merge_scopes = _impl.merge_scopes
 apply_delta = _impl.apply_delta
 check_storable = _impl.check_storable
 check_delta = _impl.check_delta
+pack_event = _impl.pack_event
 pack_plain = _impl.pack_plain
+sized_key = _impl.sized_key
+timed_record = _impl.timed_record

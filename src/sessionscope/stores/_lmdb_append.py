@@ -35,6 +35,7 @@ else:
         from .. import _no_cython as cython
 
 from ..codec import pack, unpack
+from ..core import sized_key, timed_record
 from ..errors import CorruptStoreError, StoreError
 from .base import (
     AppendBatch,
@@ -479,7 +480,12 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             id_keys.append(b"")
         else:
             session = found
-            id_keys.append(session.id_prefix + _id_part(event_ids[index]))
+            # The common id's key in one allocation; a long id (stored under a
+            # digest) or a str subclass takes unique_part's way.
+            made = sized_key(session.id_prefix, event_ids[index], _RAW_PART_LIMIT)
+            if made is None:
+                made = session.id_prefix + _id_part(event_ids[index])
+            id_keys.append(made)
     known_ids = set(data.getmulti([k for k in id_keys if k], values=False))
     repeats: list[int] = []
     # Two keys naming one session (two live copies of it) each get the marker
@@ -544,7 +550,13 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             store._start_time_index(txn, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
-        session.events.append((session.event_prefix + seq, _F64.pack(timestamp) + event))
+        # Time and record in one allocation (a record of another buffer type is joined).
+        stamped: bytes = (
+            timed_record(float(timestamp), event)
+            if type(event) is bytes
+            else _F64.pack(timestamp) + event
+        )
+        session.events.append((session.event_prefix + seq, stamped))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
