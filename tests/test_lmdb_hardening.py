@@ -124,7 +124,9 @@ def test_verify_and_trust_directory_are_uri_options(tmp_path: Path) -> None:
         open_store(f"{uri}?trust_directory=perhaps")
     open_store(f"{uri}?trust_directory=yes&verify=true").close()
     path.chmod(0o700)
-    _flip_a_data_page(path)
+    # Damage that LMDB's own reads refuse too (scrambled node pointers could
+    # make them fault instead), so that both answers below can be compared.
+    _unmark_the_root_page(path)
     before = snapshot_dir(path)
     # The full check runs before LMDB opens the file, so it is what refuses it.
     with pytest.raises(CorruptStoreError, match="failed verification"):
@@ -196,20 +198,45 @@ def test_a_meta_page_pointing_outside_the_file_is_refused(tmp_path: Path) -> Non
         LmdbStore(path)
 
 
-def _flip_a_data_page(path: Path) -> None:
-    data = path / "data.mdb"
-    raw = bytearray(data.read_bytes())
+def _committed_root(raw: bytes) -> tuple[int, int]:
+    """Return the page size and the main tree's root page named by the committed meta page."""
     page_size = int.from_bytes(raw[16 + 24 : 16 + 28], "little")
-    # The committed meta page (the later transaction) names the main tree's root.
+    # The committed meta page is the one of the later transaction.
     metas = []
     for meta in (0, page_size):
         txn_id = int.from_bytes(raw[meta + 16 + 128 : meta + 16 + 136], "little")
         root = int.from_bytes(raw[meta + 16 + 24 + 48 + 40 : meta + 16 + 24 + 48 + 48], "little")
         metas.append((txn_id, root))
-    _, root = max(metas)
-    # Scramble the node pointers of that page.
+    return page_size, max(metas)[1]
+
+
+def _flip_a_data_page(path: Path) -> None:
+    """Scramble the node pointers of the main tree's root page.
+
+    The offline verifier finds it; LMDB itself may follow a pointer off the
+    page, and past the end of the file (SIGBUS): open such a store with
+    ``verify=True`` only.
+    """
+    data = path / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    page_size, root = _committed_root(raw)
     start = root * page_size + 16
     raw[start : start + 64] = bytes(b ^ 0x5A for b in raw[start : start + 64])
+    data.write_bytes(bytes(raw))
+
+
+def _unmark_the_root_page(path: Path) -> None:
+    """Clear the root page's kind (branch or leaf): LMDB itself answers MDB_CORRUPTED.
+
+    The page header is its number (8 bytes), 2 bytes of padding, then the
+    16-bit flags; a root that is neither branch nor leaf is refused by LMDB
+    before it reads any node of the page.
+    """
+    data = path / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    page_size, root = _committed_root(raw)
+    flags = root * page_size + 10
+    raw[flags : flags + 2] = bytes(2)
     data.write_bytes(bytes(raw))
 
 
