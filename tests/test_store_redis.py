@@ -282,6 +282,129 @@ def test_after_timestamp_reads_only_what_it_returns(
     assert both is not None and [e.timestamp for e in both.events] == [8.0]
 
 
+def _times_key_type(server: Any, uri: str, sid: str) -> str:
+    """Return the Redis type of a session's times key ("none" when absent)."""
+    client = raw_client(server)
+    try:
+        (times,) = [k for k in keys_of(server, prefix_of(uri)) if k.endswith(b"}t:" + sid.encode())]
+        kind = client.type(times)
+    finally:
+        client.close()
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+def _read_after(
+    svc: SyncSessionService, sid: str, after: float, last: int | None = None
+) -> list[float]:
+    got = svc.get_session(
+        app_name=APP, user_id=USER, session_id=sid,
+        config=GetSessionConfig(after_timestamp=after, num_recent_events=last),
+    )  # fmt: skip
+    assert got is not None
+    return [e.timestamp for e in got.events]
+
+
+def test_times_in_order_are_searched_by_position_and_read_only_what_is_returned(
+    server: Any, uri: str, svc: SyncSessionService
+) -> None:
+    """Times that never go back keep no sorted set: a filter finds them by binary search."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="o")
+    stamps = [1.0, 2.0, 2.0, 2.0, 3.5, 4.0, 4.0, 9.0]
+    for i, stamp in enumerate(stamps[:3]):
+        svc.append_event(s, ev(content={"i": i}, ts=stamp))
+    svc.append_many([(s, ev(content={"i": 3 + i}, ts=stamp)) for i, stamp in enumerate(stamps[3:])])
+    assert _times_key_type(server, uri, "o") == "string"
+    _spoil_events(server, uri, "o", range(0, 1))  # the event at 1.0
+    assert _read_after(svc, "o", 2.0) == [2.0, 2.0, 2.0, 3.5, 4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 4.0) == [4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 9.5) == []
+    assert _read_after(svc, "o", 2.0, last=3) == [4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 4.0, last=5) == [4.0, 4.0, 9.0]
+    with pytest.raises(StoreError):
+        _read_after(svc, "o", 0.5)
+
+
+@pytest.mark.parametrize("path", ["one", "bulk", "interleaved"])
+def test_a_time_that_goes_back_turns_the_times_into_a_sorted_set(
+    server: Any, uri: str, svc: SyncSessionService, path: str
+) -> None:
+    """The first event older than the one before: every later read and truncation stays right."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="b")
+    other = svc.create_session(app_name=APP, user_id=USER, session_id="other")
+    stamps = [1.0, 3.0, 5.0, 2.0, 6.0, 4.0]
+    if path == "one":
+        for i, stamp in enumerate(stamps):
+            svc.append_event(s, ev(content={"i": i}, delta={"n": i}, ts=stamp))
+    elif path == "bulk":
+        svc.append_many([(s, ev(content={"i": i}, delta={"n": i}, ts=t))
+                         for i, t in enumerate(stamps)])  # fmt: skip
+    else:
+        svc.append_many([pair for i, t in enumerate(stamps)
+                         for pair in ((s, ev(content={"i": i}, delta={"n": i}, ts=t)),
+                                      (other, ev(ts=10.0 + i)))])  # fmt: skip
+        assert _times_key_type(server, uri, "other") == "string"
+        assert _read_after(svc, "other", 13.0) == [13.0, 14.0, 15.0]
+    assert _times_key_type(server, uri, "b") == "zset"
+    assert _read_after(svc, "b", 3.0) == [3.0, 5.0, 6.0, 4.0]
+    assert _read_after(svc, "b", 4.5, last=3) == [6.0]
+    got = svc.get_session(app_name=APP, user_id=USER, session_id="b")
+    assert got is not None and got.state == {"n": 5} and [e.content["i"] for e in got.events] == [
+        0, 1, 2, 3, 4, 5,
+    ]  # fmt: skip
+    svc.append_event(got, ev(ts=0.5))
+    assert _read_after(svc, "b", 0.0, last=2) == [4.0, 0.5]
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="b", before=3.0) == 3
+    assert _read_after(svc, "b", 0.0) == [3.0, 5.0, 6.0, 4.0]
+
+
+def test_truncation_of_times_in_order_keeps_every_read_right(
+    server: Any, uri: str, svc: SyncSessionService
+) -> None:
+    """Truncating by time or count removes the oldest positions; the string stays searchable."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="tr")
+    svc.append_many([(s, ev(content={"i": i}, ts=float(i // 2))) for i in range(20)])
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", before=3.0) == 6
+    assert _read_after(svc, "tr", 0.0) == [float(i // 2) for i in range(6, 20)]
+    assert _read_after(svc, "tr", 5.0, last=20) == [5.0, 5.0, 6.0, 6.0, 7.0, 7.0, 8.0, 8.0, 9.0,
+                                                     9.0]  # fmt: skip
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", keep_last=5) == 9
+    live = svc.get_session(app_name=APP, user_id=USER, session_id="tr")
+    assert live is not None and [e.content["i"] for e in live.events] == [15, 16, 17, 18, 19]
+    svc.append_many([(live, ev(content={"i": 20}, ts=9.0)), (live, ev(content={"i": 21}, ts=12.0))])
+    assert _times_key_type(server, uri, "tr") == "string"
+    assert _read_after(svc, "tr", 9.0) == [9.0, 9.0, 9.0, 12.0]
+    assert _read_after(svc, "tr", 0.0, last=2) == [9.0, 12.0]
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", before=100.0) == 7
+    assert _read_after(svc, "tr", 0.0) == []
+
+
+def test_a_store_of_format_1_is_read_and_written_with_sorted_sets(
+    redis_server: RedisServer,
+) -> None:
+    """Clients of format 1 may still share it: its sessions keep the sorted set, old and new."""
+    from sessionscope.codec import pack
+
+    prefix = f"f1{uuid.uuid4().hex}"
+    client = redis.Redis(port=redis_server.port)
+    try:
+        header = pack({"magic": "sessionscope", "format": 1})
+        client.set(f"{prefix}:format", header)
+        uri = f"{redis_server.url}?prefix={prefix}"
+        with SyncSessionService(uri) as svc:
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="old")
+            svc.append_many([(s, ev(ts=float(i))) for i in range(5)])
+            svc.append_event(s, ev(ts=9.0))
+            assert _times_key_type(redis_server, uri, "old") == "zset"
+            assert _read_after(svc, "old", 3.0) == [3.0, 4.0, 9.0]
+            assert _read_after(svc, "old", 3.5, last=4) == [4.0, 9.0]
+            removed = svc.truncate_events(app_name=APP, user_id=USER, session_id="old", before=2.0)
+            assert removed == 2
+            assert _read_after(svc, "old", 0.0) == [2.0, 3.0, 4.0, 9.0]
+        assert client.get(f"{prefix}:format") == header
+    finally:
+        client.close()
+
+
 # -- TTL -------------------------------------------------------------------
 
 

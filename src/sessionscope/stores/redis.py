@@ -13,10 +13,11 @@ Keys (``P`` the prefix, ``{u}`` a digest of (app, user), ``{a}`` of the app;
 the braces are Redis Cluster hash tags, so a session, its events and its
 user's state share one slot, and an app's own keys another):
 
-    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l)
+    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts)
     P:{u}e:<sid>   hash     seq -> event record
     P:{u}i:<sid>   hash     event id -> seq
-    P:{u}t:<sid>   zset     seq scored by event timestamp
+    P:{u}t:<sid>   string   event times as 8-byte doubles by position, while in order
+                   or zset  seq scored by event timestamp (after a time went back)
     P:{u}s:<sid>   hash     session state: key -> packed value
     P:{u}u         hash     user state
     P:{u}x         zset     the user's session ids scored by last update time
@@ -99,17 +100,26 @@ __all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
 
 T = TypeVar("T")
 
-FORMAT_VERSION = 1
+# Format 2 keeps a session's event times as a string of doubles while they
+# never go back (the sorted set only after one does); a store of format 1 is
+# read and written as it is, every session with the sorted set.
+FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_4"
+LIBRARY = "sessionscope_5"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
+# Flags saying which optional parts of a request's arguments follow.
+_CALLER, _ITEMS = 16, 32
+# The flags of a request with neither part, as text: the common bulk request.
+_PLAIN_LOCKED = str(_LOCKED)
 # Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 1000
 _U32 = struct.Struct(">I")
+# An event time in a session's time string (see redis_functions.lua).
+_DOUBLE = struct.Struct(">d")
 # Called, when set, after an app delta is recorded and before it is applied
 # (cluster): tests stop a process there to check that another finishes it.
 between_steps: Callable[[], None] | None = None
@@ -237,34 +247,46 @@ def _pack_items(items: Items) -> bytes:
 
 
 def _request_args(request: AppendRequest, args: list[Any]) -> None:
-    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua)."""
-    flags = (
-        (_HAS_MARKER if request.marker is not None else 0)
-        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
-        | (_LOCKED if request.locked else 0)
-        | (_CATCH_UP if request.catch_up else 0)
-    )
+    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua).
+
+    Event id, time, event and flags always; the caller's copy (marker, time,
+    last event id) only where a check or a catch-up reads it, and the state
+    items only where there are some: a locked bulk request without state
+    travels as four arguments, since every argument costs the client its
+    packing and the server a Lua string.
+    """
     session_items, user_items, app_items = (
         request.session_items,
         request.user_items,
         request.app_items,
     )
-    args += (
-        request.event_id,
-        _number_text(request.timestamp),
-        request.event,
-        flags,
-        request.marker or "",
-        _number_text(request.caller_update_time),
-        request.caller_last_event_id or "",
-        len(session_items),
-        len(user_items),
-        _pack_items(app_items) if app_items else b"",
+    if request.locked and not request.catch_up and not (session_items or user_items or app_items):
+        args += (request.event_id, _number_text(request.timestamp), request.event, _PLAIN_LOCKED)
+        return
+    caller = not request.locked or request.catch_up
+    items = bool(session_items or user_items or app_items)
+    flags = (
+        (_HAS_MARKER if request.marker is not None else 0)
+        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
+        | (_LOCKED if request.locked else 0)
+        | (_CATCH_UP if request.catch_up else 0)
+        | (_CALLER if caller else 0)
+        | (_ITEMS if items else 0)
     )
-    for key, value in session_items:
-        args += (key, value)
-    for key, value in user_items:
-        args += (key, value)
+    args += (request.event_id, _number_text(request.timestamp), request.event, flags)
+    if caller:
+        args += (
+            request.marker or "",
+            _number_text(request.caller_update_time),
+            request.caller_last_event_id or "",
+        )
+    if items:
+        args += (len(session_items), len(user_items),
+                 _pack_items(app_items) if app_items else b"")  # fmt: skip
+        for key, value in session_items:
+            args += (key, value)
+        for key, value in user_items:
+            args += (key, value)
 
 
 @dataclass(slots=True)
@@ -286,6 +308,9 @@ class _Operations:
         # When this process last pushed each app's keys' expiry forward.
         self._app_refreshed: dict[str, float] = {}
         self._refresh_lock = threading.Lock()
+        # Whether new sessions keep their times as a string while in order
+        # (format 2); check_format clears it for a store of format 1.
+        self.times_layout = "1"
 
     # -- shared steps ----------------------------------------------------
 
@@ -363,6 +388,7 @@ class _Operations:
         args: list[Any] = [
             app_name, user_id, session_id, token, _number_text(create_time),
             self.settings.ttl, len(session_items), len(user_items), _pack_items(app_items),
+            self.times_layout,
         ]  # fmt: skip
         for key, value in (*session_items, *user_items):
             args.extend((key, value))
@@ -976,7 +1002,7 @@ class _Operations:
             args: list[Any] = [
                 app, user, sid, _number_text(copy.create_time),
                 _number_text(copy.last_update_time), last, self.settings.ttl,
-                len(copy.session_items), len(copy.events),
+                len(copy.session_items), len(copy.events), self.times_layout,
             ]  # fmt: skip
             for key, value in copy.session_items:
                 args.extend((key, value))
@@ -1001,11 +1027,17 @@ class _Operations:
         loaded = yield from self.load(app_name, user_id, session_id, None, None)
         if loaded is None:
             return None
-        times = self.keys.session(app_name, user_id, session_id)[3]
-        (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
-        stamps = {int(seq): float(score) for seq, score in zip(flat[0::2], flat[1::2], strict=True)}
-        ordered = [stamps[seq] for seq in sorted(stamps)]
         record = loaded.record
+        times = self.keys.session(app_name, user_id, session_id)[3]
+        (kind,) = yield [("TYPE", times)]
+        if kind in (b"string", "string"):
+            # Times in order: the stored positions run from the removed count on.
+            (raw,) = yield [("GETRANGE", times, 8 * record.removed_count, -1)]
+            ordered = [stamp for (stamp,) in _DOUBLE.iter_unpack(raw)]
+        else:
+            (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
+            stamps = {int(s): float(score) for s, score in zip(flat[0::2], flat[1::2], strict=True)}
+            ordered = [stamps[seq] for seq in sorted(stamps)]
         state = self.keys.session(app_name, user_id, session_id)[4]
         (items,) = yield [("HGETALL", state)]
         return SessionCopy.of_record(
@@ -1065,12 +1097,15 @@ class _Operations:
                 hint="pick another prefix= for this store",
             )
         version = fields.get("format")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
             raise IncompatibleStoreError(
                 f"the store under prefix {self.settings.prefix!r} has format {version}; "
                 f"this version reads up to {FORMAT_VERSION}",
                 hint="upgrade sessionscope",
             )
+        if version == 1:
+            # Clients of format 1 may still share it: they know only the sorted set.
+            self.times_layout = "0"
 
     def noop(self) -> Plan[None]:
         """One FCALL of a function that does nothing (a benchmark's baseline)."""
