@@ -769,6 +769,63 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
             assert command_calls(server, "fcall_ro") == loads
 
 
+def test_a_repeat_stored_in_other_bytes_in_a_batch_goes_on_after_it(server: Any, uri: str) -> None:
+    """A repeat whose stored bytes differ (equal content) stops the server; the client goes on.
+
+    The events after it are appended, each session's marker and time are its
+    last append's, the repeat is counted as one, and the reads placed after
+    it are answered as they stand.
+    """
+    from sessionscope.codec import EVENT_FORMAT, decode_event, pack
+
+    with SyncSessionService(uri) as svc:
+        store = svc.store
+        assert isinstance(store, RedisStore)
+        a = svc.create_session(app_name=APP, user_id=USER, session_id="a")
+        b = svc.create_session(app_name=APP, user_id=USER, session_id="b")
+        first = ev(delta={"n": 0}, content={"x": 1, "y": 2}, ts=10.0)
+        svc.append_event(a, first)
+        client = raw_client(server)
+        try:
+            (events_key,) = [k for k in keys_of(server, prefix_of(uri)) if k.endswith(b"}e:a")]
+            stored = client.hget(events_key, "0")
+            reordered = bytes([EVENT_FORMAT]) + pack(dict(reversed(decode_event(stored).items())))
+            assert reordered != stored
+            client.hset(events_key, "0", reordered)
+        finally:
+            client.close()
+
+        def request(session: Any, event: Event) -> AppendRequest:
+            prepared = svc._core.prepare_append(session, event, locked=True)
+            assert prepared is not None
+            prepared.catch_up = False
+            return prepared
+
+        requests = [
+            request(b, ev(delta={"m": 1}, ts=11.0)),
+            request(a, clone_event(first)),
+            request(a, ev(delta={"n": 2}, ts=12.0)),
+            request(b, ev(delta={"m": 3}, ts=13.0)),
+        ]
+        reads = [(2, APP, USER, "a", None, None), (4, APP, USER, "b", None, 12.5)]
+        result, loaded = store.append_many_reading(AppendBatch.of(requests), reads)
+        assert result.error is None and result.applied == 4 and result.repeats == [1]
+        assert result.times == [13.0, 12.0]
+        got_a = svc.get_session(app_name=APP, user_id=USER, session_id="a")
+        got_b = svc.get_session(app_name=APP, user_id=USER, session_id="b")
+        assert got_a is not None and got_b is not None
+        assert result.markers == [got_b.revision, got_a.revision]
+        assert [e.timestamp for e in got_a.events] == [10.0, 12.0] and got_a.state == {"n": 2}
+        assert [e.timestamp for e in got_b.events] == [11.0, 13.0] and got_b.state == {"m": 3}
+        assert [len(s.events) for s in loaded if s is not None] == [1, 1]
+        assert loaded[1] is not None and loaded[1].session_state == {"m": 3}
+
+
+def clone_event(event: Event) -> Event:
+    """Return an equal, unshared copy of an event."""
+    return _stores.clone(event)
+
+
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:
     """A server that lost its functions (restart without persistence) gets them back."""
     with SyncSessionService(uri) as svc:
