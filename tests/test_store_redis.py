@@ -821,6 +821,25 @@ def test_a_repeat_stored_in_other_bytes_in_a_batch_goes_on_after_it(server: Any,
         assert loaded[1] is not None and loaded[1].session_state == {"m": 3}
 
 
+def test_deltas_of_any_size_travel_whole(uri: str) -> None:
+    """Item counts past what the flags carry (65,535 a scope) go as explicit arguments."""
+    with SyncSessionService(uri) as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="big")
+        wide = {f"k{i}": i for i in range(70_000)}
+        users = {f"user:u{i}": i for i in range(3)}
+        svc.append_event(s, ev(delta={**wide, **users, "app:a": 1}))
+        negated = {key: -value for key, value in wide.items()}
+        svc.append_many([(s, ev(delta={"k1": -1, "user:u70000": 7})),
+                         (s, ev(delta={**negated, "app:b": 2}))])  # fmt: skip
+        svc.append_event_locked(s, ev(delta={"k2": 5, "user:u0": 9}))
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="big")
+        assert got is not None and len(got.events) == 4
+        assert got.state["k2"] == 5 and got.state["k69999"] == -69999
+        assert got.state["user:u0"] == 9 and got.state["user:u70000"] == 7
+        assert svc.get_app_state(app_name=APP) == {"a": 1, "b": 2}
+        assert len(got.state) == 70_000 + 4 + 2
+
+
 def clone_event(event: Event) -> Event:
     """Return an equal, unshared copy of an event."""
     return _stores.clone(event)

@@ -110,12 +110,13 @@ LIBRARY = "sessionscope_5"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
-# Flags saying which optional parts of a request's arguments follow.
-_CALLER, _ITEMS = 16, 32
+# Flags saying which optional parts of a request's arguments follow (see
+# redis_functions.lua); item counts under _COUNT_LIMIT ride in the flags,
+# from _COUNTED up, sparing two arguments.
+_CALLER, _ITEMS, _APP, _COUNTED = 16, 32, 64, 128
+_COUNT_LIMIT = 65536
 # The flags of a request with neither part, as text: the common bulk request.
 _PLAIN_LOCKED = str(_LOCKED)
-# The flags of a bulk request with state items.
-_LOCKED_ITEMS = _LOCKED | _ITEMS
 # Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 1000
 _U32 = struct.Struct(">I")
@@ -262,29 +263,55 @@ def _request_args(request: AppendRequest, args: list[Any]) -> None:
         args += (request.event_id, _number_text(request.timestamp), request.event, _PLAIN_LOCKED)
         return
     caller = not request.locked or request.catch_up
-    items = bool(session_items or user_items or app_items)
     flags = (
         (_HAS_MARKER if request.marker is not None else 0)
         | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
         | (_LOCKED if request.locked else 0)
         | (_CATCH_UP if request.catch_up else 0)
         | (_CALLER if caller else 0)
-        | (_ITEMS if items else 0)
     )
-    args += (request.event_id, _number_text(request.timestamp), request.event, flags)
-    if caller:
-        args += (
-            request.marker or "",
-            _number_text(request.caller_update_time),
-            request.caller_last_event_id or "",
-        )
+    head = (request.event_id, _number_text(request.timestamp), request.event)
+    if not caller:
+        _items_args(head, flags, session_items, user_items, app_items, args)
+        return
+    items = bool(session_items or user_items or app_items)
+    caller_time = _number_text(request.caller_update_time)
+    args += (*head, flags | _ITEMS if items else flags, request.marker or "", caller_time,
+             request.caller_last_event_id or "")  # fmt: skip
     if items:
-        args += (len(session_items), len(user_items),
-                 _pack_items(app_items) if app_items else b"")  # fmt: skip
-        for key, value in session_items:
-            args += (key, value)
-        for key, value in user_items:
-            args += (key, value)
+        _items_args(None, 0, session_items, user_items, app_items, args)
+
+
+def _items_args(
+    head: tuple[Any, ...] | None,
+    flags: int,
+    session_items: Items,
+    user_items: Items,
+    app_items: Items,
+    args: list[Any],
+) -> None:
+    """Add a request's state items to ``args``, after its head and flags when given.
+
+    With ``head`` the item counts ride in the flags where they fit; without
+    it (the flags, with _ITEMS, went before the caller's fields) the counts
+    go explicitly.
+    """
+    sessions, users = len(session_items), len(user_items)
+    blob = _pack_items(app_items) if app_items else None
+    if head is not None and sessions < _COUNT_LIMIT and users < _COUNT_LIMIT:
+        flags |= (sessions + _COUNT_LIMIT * users) * _COUNTED
+        if blob is None:
+            args += (*head, flags)
+        else:
+            args += (*head, flags | _APP, blob)
+    else:
+        if head is not None:
+            args += (*head, flags | _ITEMS)
+        args += (sessions, users, blob or b"")
+    for key, value in session_items:
+        args += (key, value)
+    for key, value in user_items:
+        args += (key, value)
 
 
 @dataclass(slots=True)
@@ -1198,12 +1225,7 @@ def _span_args(batch: AppendBatch, start: int, stop: int, args: list[Any]) -> No
             args += (ids[i], text(stamp if type(stamp) is float else float(stamp)), events[i],
                      _PLAIN_LOCKED)  # fmt: skip
             continue
-        args += (ids[i], text(float(stamp)), events[i], _LOCKED_ITEMS, len(own), len(users),
-                 _pack_items(apps) if apps else b"")  # fmt: skip
-        for key, value in own:
-            args += (key, value)
-        for key, value in users:
-            args += (key, value)
+        _items_args((ids[i], text(float(stamp)), events[i]), _LOCKED, own, users, apps, args)
 
 
 class _Tally:

@@ -10,7 +10,7 @@
 
 local HAS_MARKER, HAS_LAST_ID, LOCKED, CATCH_UP = 1, 2, 4, 8
 -- Which optional parts of an append request's arguments follow its flags.
-local CALLER, ITEMS = 16, 32
+local CALLER, ITEMS, APP, COUNTED = 16, 32, 64, 128
 -- Applied app-delta tokens are remembered this long (seconds).
 local APPLIED_HORIZON = 86400
 -- Fields read per HMGET, well under Lua's limit on unpacked arguments.
@@ -405,35 +405,39 @@ end
 
 -- An append request's arguments start at args[pos]: event id, timestamp,
 -- event, flags; then, with CALLER, the caller's marker, time and last event
--- id; then, with ITEMS, the session item count, the user item count, the app
--- items blob and the item pairs. (A locked bulk request without state is
--- the first four alone: every argument costs a Lua string.) Returns its
--- flags, where the caller's fields start (nil: none), the item counts, the
--- app blob, where the pairs start, and where the next request starts.
+-- id; then, with ITEMS, the session item count, the user item count and the
+-- app items blob, or else, with APP, the app items blob alone; then the item
+-- pairs. Without ITEMS the item counts ride in the flags, from COUNTED up:
+-- sessions + 65536 * users (each under 65536). A locked bulk request without
+-- state is the first four arguments alone: every argument costs a Lua string.
+-- Returns its flags, where the caller's fields start (nil: none), the item
+-- counts, the app blob, where the pairs start, and where the next request starts.
 local function request_parts(args, pos)
     local flags = tonumber(args[pos + 3])
     local p, caller = pos + 4, nil
     if bit.band(flags, CALLER) ~= 0 then
         caller, p = p, p + 3
     end
-    if bit.band(flags, ITEMS) == 0 then
-        return flags, caller, 0, 0, '', p, p
+    local n_session, n_user, blob = 0, 0, ''
+    if bit.band(flags, ITEMS) ~= 0 then
+        n_session, n_user, blob = tonumber(args[p]), tonumber(args[p + 1]), args[p + 2]
+        p = p + 3
+    else
+        if flags >= COUNTED then
+            local counts = math.floor(flags / COUNTED)
+            n_session, n_user = counts % 65536, math.floor(counts / 65536)
+        end
+        if bit.band(flags, APP) ~= 0 then
+            blob, p = args[p], p + 1
+        end
     end
-    local n_session, n_user = tonumber(args[p]), tonumber(args[p + 1])
-    return flags, caller, n_session, n_user, args[p + 2], p + 3, p + 3 + 2 * (n_session + n_user)
+    return flags, caller, n_session, n_user, blob, p, p + 2 * (n_session + n_user)
 end
 
 -- Where the request after the one at args[pos] starts.
 local function request_end(args, pos)
-    local p = pos + 4
-    local flags = tonumber(args[pos + 3])
-    if bit.band(flags, CALLER) ~= 0 then
-        p = p + 3
-    end
-    if bit.band(flags, ITEMS) ~= 0 then
-        p = p + 3 + 2 * (tonumber(args[p]) + tonumber(args[p + 1]))
-    end
-    return p
+    local _, _, _, _, _, _, after = request_parts(args, pos)
+    return after
 end
 
 local function push_pairs(list, args, first, n)
