@@ -883,14 +883,18 @@ class _Operations:
             assert type(first) is _Span
             app_name, user_id, _ = batch.keys[first.owner]
             yield from self._finish_pending(app_name, user_id, pending)
+        # What surrounds the count in a marker, by (session number, removed count).
+        around: dict[tuple[Any, Any], tuple[str, str]] = {}
         for run, outcome in zip(runs, outcomes, strict=False):
             if type(run) is tuple:
                 assert loaded is not None
                 loaded.append((yield from self._loaded(run[1], run[2], run[3], outcome, None)))
                 continue
             assert type(run) is _Span
-            results, *marker = outcome
-            parts = _marker_parts(marker)
+            results, number, removed = outcome
+            parts = around.get((number, removed))
+            if parts is None:
+                parts = around[(number, removed)] = _marker_parts([number, removed])
             if len(results) == run.stop - run.start and all(type(r) is int for r in results):
                 # Every event appended: only the session's last marker and time matter.
                 tally.appended(run.owner, parts, results[-1], run.stop)
@@ -1215,17 +1219,21 @@ def _span_args(batch: AppendBatch, start: int, stop: int, args: list[Any]) -> No
     every event of a batch is locked and without catch-up, so one without
     state items is four arguments.
     """
-    ids, stamps, events = batch.event_ids, batch.timestamps, batch.events
-    app_items, user_items, session_items = batch.app_items, batch.user_items, batch.session_items
     text = float.__repr__
-    for i in range(start, stop):
-        apps, users, own = app_items[i], user_items[i], session_items[i]
-        stamp = stamps[i]
-        if not (apps or users or own):
-            args += (ids[i], text(stamp if type(stamp) is float else float(stamp)), events[i],
-                     _PLAIN_LOCKED)  # fmt: skip
-            continue
-        _items_args((ids[i], text(float(stamp)), events[i]), _LOCKED, own, users, apps, args)
+    for event_id, stamp, event, apps, users, own in zip(
+        batch.event_ids[start:stop],
+        batch.timestamps[start:stop],
+        batch.events[start:stop],
+        batch.app_items[start:stop],
+        batch.user_items[start:stop],
+        batch.session_items[start:stop],
+        strict=True,
+    ):
+        time = text(stamp if type(stamp) is float else float(stamp))
+        if apps or users or own:
+            _items_args((event_id, time, event), _LOCKED, own, users, apps, args)
+        else:
+            args += (event_id, time, event, _PLAIN_LOCKED)
 
 
 class _Tally:
