@@ -453,9 +453,9 @@ end
 -- the marker from it, and the time is the one it sent); the other results
 -- are tables: {'dup'}, {'no', record, stored event} or a catch-up's.
 local function append_one(call, s, args, pos)
+    -- Keys (see open_session) are looked up where a path needs them: most
+    -- requests take none of those paths.
     local keys = s.keys
-    local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
-    local ust_key, pend_key, app_key = keys[8], keys[10], keys[12]
     local event_id, ts, event = args[pos], args[pos + 1], args[pos + 2]
     local flags, caller, n_session, n_user, app_blob, items, after = request_parts(args, pos)
     local number = s.number
@@ -471,7 +471,7 @@ local function append_one(call, s, args, pos)
     else
         local seq = s.stored_seq[event_id]
         if seq then
-            found, stored = true, redis.call('HGET', ev_key, seq)
+            found, stored = true, redis.call('HGET', keys[2], seq)
         end
     end
     if found then
@@ -494,7 +494,7 @@ local function append_one(call, s, args, pos)
         end
     end
     if refusal then
-        local rec = read_record(rec_key)
+        local rec = read_record(keys[1])
         rec[6], rec[7], rec[8], rec[9] = s.updated, tostring(s.count), s.last, tostring(s.removed)
         refusal[2] = rec
         return refusal, after
@@ -503,7 +503,7 @@ local function append_one(call, s, args, pos)
     local catch_up = bit.band(flags, CATCH_UP) ~= 0
     if catch_up then
         flush_call(call)
-        known = events_seen(flags, args[caller], args[caller + 2], number, ids_key)
+        known = events_seen(flags, args[caller], args[caller + 2], number, keys[3])
     end
     local before = s.count
     local w = s.w
@@ -511,16 +511,18 @@ local function append_one(call, s, args, pos)
         push_pairs(w.st, args, items, n_session)
     end
     if n_user > 0 then
-        push_pairs(user_items(call, ust_key), args, items + 2 * n_session, n_user)
+        push_pairs(user_items(call, keys[8]), args, items + 2 * n_session, n_user)
     end
-    write_app_delta(app_key, pend_key, number, event_id, app_blob)
+    if app_blob ~= '' then
+        write_app_delta(keys[12], keys[10], number, event_id, app_blob)
+    end
     local field = tostring(s.count)
     if s.ordered then
         local time = tonumber(ts)
         if s.last_time and time < s.last_time then
             -- A time went back: from now on the session keeps the sorted set.
             flush_session(s)
-            times_to_set(rec_key, keys[4], s.removed, s.count)
+            times_to_set(keys[1], keys[4], s.removed, s.count)
             s.ordered = false
             w = s.w
         else
@@ -553,10 +555,10 @@ local function append_one(call, s, args, pos)
         known, replace = 0, 1
     end
     return {'ok', marker_of(number, s.count, s.removed), s.count, ts, replace,
-        events_of(ev_key, positions(pos_key, s.removed, known, before - 1)),
-        redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
-        app_key and redis.call('HGETALL', app_key) or false,
-        redis.call('HGET', rec_key, 'c'), known}, after
+        events_of(keys[2], positions(keys[6], s.removed, known, before - 1)),
+        redis.call('HGETALL', keys[5]), redis.call('HGETALL', keys[8]),
+        keys[12] and redis.call('HGETALL', keys[12]) or false,
+        redis.call('HGET', keys[1], 'c'), known}, after
 end
 
 -- The common accepted append of one session, in straight code: one
