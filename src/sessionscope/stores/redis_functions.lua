@@ -11,6 +11,8 @@
 local HAS_MARKER, HAS_LAST_ID, LOCKED, CATCH_UP = 1, 2, 4, 8
 -- Which optional parts of an append request's arguments follow its flags.
 local CALLER, ITEMS, APP, COUNTED = 16, 32, 64, 128
+-- The flags of a locked request without state, as the client sends them.
+local PLAIN_LOCKED = '4'
 -- Applied app-delta tokens are remembered this long (seconds).
 local APPLIED_HORIZON = 86400
 -- Fields read per HMGET, well under Lua's limit on unpacked arguments.
@@ -413,6 +415,10 @@ end
 -- Returns its flags, where the caller's fields start (nil: none), the item
 -- counts, the app blob, where the pairs start, and where the next request starts.
 local function request_parts(args, pos)
+    if args[pos + 3] == PLAIN_LOCKED then
+        -- The common bulk request: nothing follows its four arguments.
+        return LOCKED, nil, 0, 0, '', pos + 4, pos + 4
+    end
     local flags = tonumber(args[pos + 3])
     local p, caller = pos + 4, nil
     if bit.band(flags, CALLER) ~= 0 then
@@ -436,6 +442,9 @@ end
 
 -- Where the request after the one at args[pos] starts.
 local function request_end(args, pos)
+    if args[pos + 3] == PLAIN_LOCKED then
+        return pos + 4
+    end
     local _, _, _, _, _, _, after = request_parts(args, pos)
     return after
 end
