@@ -282,6 +282,129 @@ def test_after_timestamp_reads_only_what_it_returns(
     assert both is not None and [e.timestamp for e in both.events] == [8.0]
 
 
+def _times_key_type(server: Any, uri: str, sid: str) -> str:
+    """Return the Redis type of a session's times key ("none" when absent)."""
+    client = raw_client(server)
+    try:
+        (times,) = [k for k in keys_of(server, prefix_of(uri)) if k.endswith(b"}t:" + sid.encode())]
+        kind = client.type(times)
+    finally:
+        client.close()
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+def _read_after(
+    svc: SyncSessionService, sid: str, after: float, last: int | None = None
+) -> list[float]:
+    got = svc.get_session(
+        app_name=APP, user_id=USER, session_id=sid,
+        config=GetSessionConfig(after_timestamp=after, num_recent_events=last),
+    )  # fmt: skip
+    assert got is not None
+    return [e.timestamp for e in got.events]
+
+
+def test_times_in_order_are_searched_by_position_and_read_only_what_is_returned(
+    server: Any, uri: str, svc: SyncSessionService
+) -> None:
+    """Times that never go back keep no sorted set: a filter finds them by binary search."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="o")
+    stamps = [1.0, 2.0, 2.0, 2.0, 3.5, 4.0, 4.0, 9.0]
+    for i, stamp in enumerate(stamps[:3]):
+        svc.append_event(s, ev(content={"i": i}, ts=stamp))
+    svc.append_many([(s, ev(content={"i": 3 + i}, ts=stamp)) for i, stamp in enumerate(stamps[3:])])
+    assert _times_key_type(server, uri, "o") == "string"
+    _spoil_events(server, uri, "o", range(0, 1))  # the event at 1.0
+    assert _read_after(svc, "o", 2.0) == [2.0, 2.0, 2.0, 3.5, 4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 4.0) == [4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 9.5) == []
+    assert _read_after(svc, "o", 2.0, last=3) == [4.0, 4.0, 9.0]
+    assert _read_after(svc, "o", 4.0, last=5) == [4.0, 4.0, 9.0]
+    with pytest.raises(StoreError):
+        _read_after(svc, "o", 0.5)
+
+
+@pytest.mark.parametrize("path", ["one", "bulk", "interleaved"])
+def test_a_time_that_goes_back_turns_the_times_into_a_sorted_set(
+    server: Any, uri: str, svc: SyncSessionService, path: str
+) -> None:
+    """The first event older than the one before: every later read and truncation stays right."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="b")
+    other = svc.create_session(app_name=APP, user_id=USER, session_id="other")
+    stamps = [1.0, 3.0, 5.0, 2.0, 6.0, 4.0]
+    if path == "one":
+        for i, stamp in enumerate(stamps):
+            svc.append_event(s, ev(content={"i": i}, delta={"n": i}, ts=stamp))
+    elif path == "bulk":
+        svc.append_many([(s, ev(content={"i": i}, delta={"n": i}, ts=t))
+                         for i, t in enumerate(stamps)])  # fmt: skip
+    else:
+        svc.append_many([pair for i, t in enumerate(stamps)
+                         for pair in ((s, ev(content={"i": i}, delta={"n": i}, ts=t)),
+                                      (other, ev(ts=10.0 + i)))])  # fmt: skip
+        assert _times_key_type(server, uri, "other") == "string"
+        assert _read_after(svc, "other", 13.0) == [13.0, 14.0, 15.0]
+    assert _times_key_type(server, uri, "b") == "zset"
+    assert _read_after(svc, "b", 3.0) == [3.0, 5.0, 6.0, 4.0]
+    assert _read_after(svc, "b", 4.5, last=3) == [6.0]
+    got = svc.get_session(app_name=APP, user_id=USER, session_id="b")
+    assert got is not None and got.state == {"n": 5} and [e.content["i"] for e in got.events] == [
+        0, 1, 2, 3, 4, 5,
+    ]  # fmt: skip
+    svc.append_event(got, ev(ts=0.5))
+    assert _read_after(svc, "b", 0.0, last=2) == [4.0, 0.5]
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="b", before=3.0) == 3
+    assert _read_after(svc, "b", 0.0) == [3.0, 5.0, 6.0, 4.0]
+
+
+def test_truncation_of_times_in_order_keeps_every_read_right(
+    server: Any, uri: str, svc: SyncSessionService
+) -> None:
+    """Truncating by time or count removes the oldest positions; the string stays searchable."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="tr")
+    svc.append_many([(s, ev(content={"i": i}, ts=float(i // 2))) for i in range(20)])
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", before=3.0) == 6
+    assert _read_after(svc, "tr", 0.0) == [float(i // 2) for i in range(6, 20)]
+    assert _read_after(svc, "tr", 5.0, last=20) == [5.0, 5.0, 6.0, 6.0, 7.0, 7.0, 8.0, 8.0, 9.0,
+                                                     9.0]  # fmt: skip
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", keep_last=5) == 9
+    live = svc.get_session(app_name=APP, user_id=USER, session_id="tr")
+    assert live is not None and [e.content["i"] for e in live.events] == [15, 16, 17, 18, 19]
+    svc.append_many([(live, ev(content={"i": 20}, ts=9.0)), (live, ev(content={"i": 21}, ts=12.0))])
+    assert _times_key_type(server, uri, "tr") == "string"
+    assert _read_after(svc, "tr", 9.0) == [9.0, 9.0, 9.0, 12.0]
+    assert _read_after(svc, "tr", 0.0, last=2) == [9.0, 12.0]
+    assert svc.truncate_events(app_name=APP, user_id=USER, session_id="tr", before=100.0) == 7
+    assert _read_after(svc, "tr", 0.0) == []
+
+
+def test_a_store_of_format_1_is_read_and_written_with_sorted_sets(
+    redis_server: RedisServer,
+) -> None:
+    """Clients of format 1 may still share it: its sessions keep the sorted set, old and new."""
+    from sessionscope.codec import pack
+
+    prefix = f"f1{uuid.uuid4().hex}"
+    client = redis.Redis(port=redis_server.port)
+    try:
+        header = pack({"magic": "sessionscope", "format": 1})
+        client.set(f"{prefix}:format", header)
+        uri = f"{redis_server.url}?prefix={prefix}"
+        with SyncSessionService(uri) as svc:
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="old")
+            svc.append_many([(s, ev(ts=float(i))) for i in range(5)])
+            svc.append_event(s, ev(ts=9.0))
+            assert _times_key_type(redis_server, uri, "old") == "zset"
+            assert _read_after(svc, "old", 3.0) == [3.0, 4.0, 9.0]
+            assert _read_after(svc, "old", 3.5, last=4) == [4.0, 9.0]
+            removed = svc.truncate_events(app_name=APP, user_id=USER, session_id="old", before=2.0)
+            assert removed == 2
+            assert _read_after(svc, "old", 0.0) == [2.0, 3.0, 4.0, 9.0]
+        assert client.get(f"{prefix}:format") == header
+    finally:
+        client.close()
+
+
 # -- TTL -------------------------------------------------------------------
 
 
@@ -644,6 +767,82 @@ def test_a_refused_append_stops_the_reads_after_it_too(server: Any, uri: str) ->
         if not store.cluster:
             assert append_calls(server) - calls == 1
             assert command_calls(server, "fcall_ro") == loads
+
+
+def test_a_repeat_stored_in_other_bytes_in_a_batch_goes_on_after_it(server: Any, uri: str) -> None:
+    """A repeat whose stored bytes differ (equal content) stops the server; the client goes on.
+
+    The events after it are appended, each session's marker and time are its
+    last append's, the repeat is counted as one, and the reads placed after
+    it are answered as they stand.
+    """
+    from sessionscope.codec import EVENT_FORMAT, decode_event, pack
+
+    with SyncSessionService(uri) as svc:
+        store = svc.store
+        assert isinstance(store, RedisStore)
+        a = svc.create_session(app_name=APP, user_id=USER, session_id="a")
+        b = svc.create_session(app_name=APP, user_id=USER, session_id="b")
+        first = ev(delta={"n": 0}, content={"x": 1, "y": 2}, ts=10.0)
+        svc.append_event(a, first)
+        client = raw_client(server)
+        try:
+            (events_key,) = [k for k in keys_of(server, prefix_of(uri)) if k.endswith(b"}e:a")]
+            stored = client.hget(events_key, "0")
+            reordered = bytes([EVENT_FORMAT]) + pack(dict(reversed(decode_event(stored).items())))
+            assert reordered != stored
+            client.hset(events_key, "0", reordered)
+        finally:
+            client.close()
+
+        def request(session: Any, event: Event) -> AppendRequest:
+            prepared = svc._core.prepare_append(session, event, locked=True)
+            assert prepared is not None
+            prepared.catch_up = False
+            return prepared
+
+        requests = [
+            request(b, ev(delta={"m": 1}, ts=11.0)),
+            request(a, clone_event(first)),
+            request(a, ev(delta={"n": 2}, ts=12.0)),
+            request(b, ev(delta={"m": 3}, ts=13.0)),
+        ]
+        reads = [(2, APP, USER, "a", None, None), (4, APP, USER, "b", None, 12.5)]
+        result, loaded = store.append_many_reading(AppendBatch.of(requests), reads)
+        assert result.error is None and result.applied == 4 and result.repeats == [1]
+        assert result.times == [13.0, 12.0]
+        got_a = svc.get_session(app_name=APP, user_id=USER, session_id="a")
+        got_b = svc.get_session(app_name=APP, user_id=USER, session_id="b")
+        assert got_a is not None and got_b is not None
+        assert result.markers == [got_b.revision, got_a.revision]
+        assert [e.timestamp for e in got_a.events] == [10.0, 12.0] and got_a.state == {"n": 2}
+        assert [e.timestamp for e in got_b.events] == [11.0, 13.0] and got_b.state == {"m": 3}
+        assert [len(s.events) for s in loaded if s is not None] == [1, 1]
+        assert loaded[1] is not None and loaded[1].session_state == {"m": 3}
+
+
+def test_deltas_of_any_size_travel_whole(uri: str) -> None:
+    """Item counts past what the flags carry (65,535 a scope) go as explicit arguments."""
+    with SyncSessionService(uri) as svc:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="big")
+        wide = {f"k{i}": i for i in range(70_000)}
+        users = {f"user:u{i}": i for i in range(3)}
+        svc.append_event(s, ev(delta={**wide, **users, "app:a": 1}))
+        negated = {key: -value for key, value in wide.items()}
+        svc.append_many([(s, ev(delta={"k1": -1, "user:u70000": 7})),
+                         (s, ev(delta={**negated, "app:b": 2}))])  # fmt: skip
+        svc.append_event_locked(s, ev(delta={"k2": 5, "user:u0": 9}))
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="big")
+        assert got is not None and len(got.events) == 4
+        assert got.state["k2"] == 5 and got.state["k69999"] == -69999
+        assert got.state["user:u0"] == 9 and got.state["user:u70000"] == 7
+        assert svc.get_app_state(app_name=APP) == {"a": 1, "b": 2}
+        assert len(got.state) == 70_000 + 4 + 2
+
+
+def clone_event(event: Event) -> Event:
+    """Return an equal, unshared copy of an event."""
+    return _stores.clone(event)
 
 
 def test_the_function_library_is_loaded_again_when_missing(server: Any, uri: str) -> None:

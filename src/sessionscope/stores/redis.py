@@ -13,10 +13,11 @@ Keys (``P`` the prefix, ``{u}`` a digest of (app, user), ``{a}`` of the app;
 the braces are Redis Cluster hash tags, so a session, its events and its
 user's state share one slot, and an app's own keys another):
 
-    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l)
+    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts)
     P:{u}e:<sid>   hash     seq -> event record
     P:{u}i:<sid>   hash     event id -> seq
-    P:{u}t:<sid>   zset     seq scored by event timestamp
+    P:{u}t:<sid>   string   event times as 8-byte doubles by position, while in order
+                   or zset  seq scored by event timestamp (after a time went back)
     P:{u}s:<sid>   hash     session state: key -> packed value
     P:{u}u         hash     user state
     P:{u}x         zset     the user's session ids scored by last update time
@@ -70,7 +71,6 @@ from .base import (
     AppendBatch,
     AppendRequest,
     AppendResult,
-    BatchOutcome,
     BatchResult,
     Completion,
     Expirer,
@@ -99,17 +99,29 @@ __all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
 
 T = TypeVar("T")
 
-FORMAT_VERSION = 1
+# Format 2 keeps a session's event times as a string of doubles while they
+# never go back (the sorted set only after one does); a store of format 1 is
+# read and written as it is, every session with the sorted set.
+FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_4"
+LIBRARY = "sessionscope_5"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
+# Flags saying which optional parts of a request's arguments follow (see
+# redis_functions.lua); item counts under _COUNT_LIMIT ride in the flags,
+# from _COUNTED up, sparing two arguments.
+_CALLER, _ITEMS, _APP, _COUNTED = 16, 32, 64, 128
+_COUNT_LIMIT = 65536
+# The flags of a request with neither part, as text: the common bulk request.
+_PLAIN_LOCKED = str(_LOCKED)
 # Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 1000
 _U32 = struct.Struct(">I")
+# An event time in a session's time string (see redis_functions.lua).
+_DOUBLE = struct.Struct(">d")
 # Called, when set, after an app delta is recorded and before it is applied
 # (cluster): tests stop a process there to check that another finishes it.
 between_steps: Callable[[], None] | None = None
@@ -124,12 +136,9 @@ Plan = Generator[list[Command], list[Any], T]
 # A read placed in a batch: (how many of the batch's requests come before it,
 # app, user, session id, num_recent_events, after_timestamp).
 BatchRead = tuple[int, str, str, str, "int | None", "float | None"]
-# What ``append_many_reading`` returns: the results of the requests stored,
-# the error that stopped the batch (None: it all went), and the answers of
-# the reads placed before that point, in order (None: no such session).
-ReadingOutcome = tuple[list[AppendResult], "BaseException | None", "list[LoadedSession | None]"]
-# What an append call carries in order: runs of one session's requests, and reads.
-Run: TypeAlias = "list[AppendRequest] | BatchRead"
+# What an append call carries in order: runs of one session's requests (a
+# single append's, or a span of a batch's events), and reads.
+Run: TypeAlias = "list[AppendRequest] | _Span | BatchRead"
 
 
 @lru_cache(maxsize=1)
@@ -237,30 +246,68 @@ def _pack_items(items: Items) -> bytes:
 
 
 def _request_args(request: AppendRequest, args: list[Any]) -> None:
-    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua)."""
-    flags = (
-        (_HAS_MARKER if request.marker is not None else 0)
-        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
-        | (_LOCKED if request.locked else 0)
-        | (_CATCH_UP if request.catch_up else 0)
-    )
+    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua).
+
+    Event id, time, event and flags always; the caller's copy (marker, time,
+    last event id) only where a check or a catch-up reads it, and the state
+    items only where there are some: a locked bulk request without state
+    travels as four arguments, since every argument costs the client its
+    packing and the server a Lua string.
+    """
     session_items, user_items, app_items = (
         request.session_items,
         request.user_items,
         request.app_items,
     )
-    args += (
-        request.event_id,
-        _number_text(request.timestamp),
-        request.event,
-        flags,
-        request.marker or "",
-        _number_text(request.caller_update_time),
-        request.caller_last_event_id or "",
-        len(session_items),
-        len(user_items),
-        _pack_items(app_items) if app_items else b"",
+    if request.locked and not request.catch_up and not (session_items or user_items or app_items):
+        args += (request.event_id, _number_text(request.timestamp), request.event, _PLAIN_LOCKED)
+        return
+    caller = not request.locked or request.catch_up
+    flags = (
+        (_HAS_MARKER if request.marker is not None else 0)
+        | (_HAS_LAST_ID if request.caller_last_event_id is not None else 0)
+        | (_LOCKED if request.locked else 0)
+        | (_CATCH_UP if request.catch_up else 0)
+        | (_CALLER if caller else 0)
     )
+    head = (request.event_id, _number_text(request.timestamp), request.event)
+    if not caller:
+        _items_args(head, flags, session_items, user_items, app_items, args)
+        return
+    items = bool(session_items or user_items or app_items)
+    caller_time = _number_text(request.caller_update_time)
+    args += (*head, flags | _ITEMS if items else flags, request.marker or "", caller_time,
+             request.caller_last_event_id or "")  # fmt: skip
+    if items:
+        _items_args(None, 0, session_items, user_items, app_items, args)
+
+
+def _items_args(
+    head: tuple[Any, ...] | None,
+    flags: int,
+    session_items: Items,
+    user_items: Items,
+    app_items: Items,
+    args: list[Any],
+) -> None:
+    """Add a request's state items to ``args``, after its head and flags when given.
+
+    With ``head`` the item counts ride in the flags where they fit; without
+    it (the flags, with _ITEMS, went before the caller's fields) the counts
+    go explicitly.
+    """
+    sessions, users = len(session_items), len(user_items)
+    blob = _pack_items(app_items) if app_items else None
+    if head is not None and sessions < _COUNT_LIMIT and users < _COUNT_LIMIT:
+        flags |= (sessions + _COUNT_LIMIT * users) * _COUNTED
+        if blob is None:
+            args += (*head, flags)
+        else:
+            args += (*head, flags | _APP, blob)
+    else:
+        if head is not None:
+            args += (*head, flags | _ITEMS)
+        args += (sessions, users, blob or b"")
     for key, value in session_items:
         args += (key, value)
     for key, value in user_items:
@@ -286,6 +333,9 @@ class _Operations:
         # When this process last pushed each app's keys' expiry forward.
         self._app_refreshed: dict[str, float] = {}
         self._refresh_lock = threading.Lock()
+        # Whether new sessions keep their times as a string while in order
+        # (format 2); check_format clears it for a store of format 1.
+        self.times_layout = "1"
 
     # -- shared steps ----------------------------------------------------
 
@@ -363,6 +413,7 @@ class _Operations:
         args: list[Any] = [
             app_name, user_id, session_id, token, _number_text(create_time),
             self.settings.ttl, len(session_items), len(user_items), _pack_items(app_items),
+            self.times_layout,
         ]  # fmt: skip
         for key, value in (*session_items, *user_items):
             args.extend((key, value))
@@ -583,40 +634,47 @@ class _Operations:
             *self._app_keys(app_name),
         )
 
-    def _call(self, runs: list[Run], guard: bytes, guarded: bool) -> Command:
+    def _call(
+        self, runs: list[Run], guard: bytes, guarded: bool, batch: AppendBatch | None = None
+    ) -> Command:
         """Return the FCALL appending runs of requests, each run to one session.
 
         Each session's keys and id travel once per call, however many runs
         of it the call has (a batch interleaving sessions has many). A read
-        placed among the runs (a ``BatchRead``) is answered in its place.
+        placed among the runs (a ``BatchRead``) is answered in its place. A
+        ``_Span`` is a run of ``batch``'s events, packed from its columns.
         """
         keys: list[Any] = []
         sids: list[str] = []
         numbers: dict[tuple[str, str, str], int] = {}
         args: list[Any] = []
         for run in runs:
-            read = run if isinstance(run, tuple) else None
-            requests: list[AppendRequest] = []
-            if read is not None:
-                ident = (read[1], read[2], read[3])
+            if type(run) is _Span:
+                assert batch is not None
+                ident = batch.keys[run.owner]
+            elif type(run) is tuple:
+                ident = (run[1], run[2], run[3])
             else:
                 assert isinstance(run, list)
-                requests = run
-                first = run[0]
-                ident = (first.app_name, first.user_id, first.session_id)
+                ident = (run[0].app_name, run[0].user_id, run[0].session_id)
             number = numbers.get(ident)
             if number is None:
                 number = numbers[ident] = len(sids) + 1
                 keys += self._append_keys(*ident)
                 sids.append(ident[2])
-            if read is not None:
-                last_n, after = read[4], read[5]
+            if type(run) is _Span:
+                assert batch is not None
+                args += (number, run.stop - run.start)
+                _span_args(batch, run.start, run.stop, args)
+            elif type(run) is tuple:
+                last_n, after = run[4], run[5]
                 args += (number, -1, "" if last_n is None else last_n,
                          "" if after is None else _number_text(after))  # fmt: skip
-                continue
-            args += (number, len(requests))
-            for request in requests:
-                _request_args(request, args)
+            else:
+                assert isinstance(run, list)
+                args += (number, len(run))
+                for request in run:
+                    _request_args(request, args)
         return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
                 1 if guarded else 0, self.settings.ttl, len(sids), len(keys) // len(sids),
                 len(runs), *sids, *args)  # fmt: skip
@@ -687,169 +745,184 @@ class _Operations:
             result.stored_state.app_state = decode_values(_pairs(astate))
         return result
 
-    def append_many(self, requests: list[AppendRequest]) -> Plan[BatchOutcome]:
-        """Append a batch: runs of sessions, up to ``_CHUNK`` requests per FCALL, pipelined.
+    def append_many(
+        self, batch: AppendBatch, start: int = 0, stop: int | None = None
+    ) -> Plan[_Tally]:
+        """Append a batch's events start..stop in runs of sessions, ``_CHUNK`` per FCALL, pipelined.
 
         A refused request marks the batch's guard key, so the pipelined calls
         after it append nothing; the client then stops there.
         """
-        done: list[AppendResult] = []
-        start = 0
-        while start < len(requests):
-            group = self._slot_group(requests, start)
-            guard = self._new_guard(requests[start])
-            calls = _calls(_session_runs(requests[start : start + group]))
-            replies = yield [*(self._call(runs, guard, True) for runs in calls),
-                             *self._batch_upkeep(requests[start : start + group]),
+        stop = len(batch) if stop is None else stop
+        tally = _Tally(batch, start)
+        while start < stop:
+            group = self._slot_group(batch, start, stop)
+            guard = self._new_guard(batch.keys[batch.owners[start]])
+            calls = _calls(_spans(batch, start, start + group))
+            replies = yield [*(self._call(runs, guard, True, batch) for runs in calls),
+                             *self._batch_upkeep(batch, start, start + group),
                              *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
-            position, stopped, error = start, False, None
+            stopped = False
             for runs, reply in zip(calls, replies, strict=False):
-                position, stopped, error = yield from self._take(runs, reply, position, done)
+                stopped = yield from self._take(runs, reply, tally)
                 if stopped:
                     break
             if stopped:
                 yield [("DEL", guard)]
-                if error is not None:
-                    return done, error
+                if tally.error is not None:
+                    return tally
                 # A repeat with other bytes but equal content stopped the
                 # server; go on after it.
-                start = position + 1
+                start = tally.applied
                 continue
             start += group
-        return done, None
+        return tally
 
     def append_many_reading(
-        self, requests: list[AppendRequest], reads: list[BatchRead]
-    ) -> Plan[ReadingOutcome]:
-        """Append a batch and answer reads placed between its requests; see ``RedisStore``.
+        self, batch: AppendBatch, reads: list[BatchRead]
+    ) -> Plan[tuple[_Tally, list[LoadedSession | None]]]:
+        """Append a batch and answer reads placed between its events; see ``RedisStore``.
 
         On one server the whole batch is one pipeline: the append calls of
-        the requests before a read, the read's own call, the calls up to the
+        the events before a read, the read's own call, the calls up to the
         next read, and so on. The server runs a connection's commands in
-        order, so each read answers what a read sent after the requests
+        order, so each read answers what a read sent after the events
         before it would. The calls share one guard key: after a refused
-        request the later calls append nothing, and the reads after it are
+        event the later calls append nothing, and the reads after it are
         not answered.
         """
         if self.cluster:
-            return (yield from self._append_then_read(requests, reads))
-        done: list[AppendResult] = []
+            return (yield from self._append_then_read(batch, reads))
+        tally = _Tally(batch, 0)
         loaded: list[LoadedSession | None] = []
-        start, first_read = 0, 0
-        while start < len(requests) or first_read < len(reads):
-            guard = self._new_guard(requests[start] if start < len(requests) else None)
+        start, first_read, total = 0, 0, len(batch)
+        while start < total or first_read < len(reads):
+            guard = self._new_guard(batch.keys[batch.owners[start]] if start < total else None)
             runs: list[Run] = []
             position = start
             for read in (*reads[first_read:], None):
-                end = len(requests) if read is None else read[0]
-                runs.extend(_session_runs(requests[position:end]))
-                position = end
+                end = total if read is None else read[0]
+                runs.extend(_spans(batch, position, end))
+                position = max(position, end)
                 if read is not None:
                     runs.append(read)
             calls = _calls(runs)
-            replies = yield [*(self._call(c, guard, True) for c in calls),
-                             *self._batch_upkeep(requests[start:]), *self._waits()]  # fmt: skip
+            replies = yield [*(self._call(c, guard, True, batch) for c in calls),
+                             *self._batch_upkeep(batch, start, total), *self._waits()]  # fmt: skip
             if self.settings.wait:
                 self._check_wait(replies[-1])
-            position, stopped, error = start, False, None
+            stopped = False
             answered = len(loaded)
             for runs_of_call, reply in zip(calls, replies, strict=False):
-                position, stopped, error = yield from self._take(
-                    runs_of_call, reply, position, done, loaded
-                )
+                stopped = yield from self._take(runs_of_call, reply, tally, loaded)
                 if stopped:
                     break
             first_read += len(loaded) - answered
             if not stopped:
-                return done, None, loaded
+                return tally, loaded
             yield [("DEL", guard)]
-            if error is not None:
-                return done, error, loaded
+            if tally.error is not None:
+                return tally, loaded
             # A repeat with other bytes but equal content stopped the server:
             # go on after it; the reads after it saw too little and are sent again.
-            start = position + 1
-        return done, None, loaded
+            start = tally.applied
+        return tally, loaded
 
     def _append_then_read(
-        self, requests: list[AppendRequest], reads: list[BatchRead]
-    ) -> Plan[ReadingOutcome]:
-        """Append the requests before each read, then read: one step after another.
+        self, batch: AppendBatch, reads: list[BatchRead]
+    ) -> Plan[tuple[_Tally, list[LoadedSession | None]]]:
+        """Append the events before each read, then read: one step after another.
 
         For a cluster, whose pipelines keep no order between nodes.
         """
-        done: list[AppendResult] = []
+        tally = _Tally(batch, 0)
         loaded: list[LoadedSession | None] = []
         position = 0
         for read in (*reads, None):
-            end = len(requests) if read is None else read[0]
+            end = len(batch) if read is None else read[0]
             if end > position:
-                part, error = yield from self.append_many(requests[position:end])
-                done += part
-                if error is not None:
-                    return done, error, loaded
+                part = yield from self.append_many(batch, position, end)
+                tally.add(part)
+                if tally.error is not None:
+                    return tally, loaded
                 position = end
             if read is not None:
                 loaded.append((yield from self.load(*read[1:])))
-        return done, None, loaded
+        return tally, loaded
 
-    def _new_guard(self, first: AppendRequest | None) -> bytes:
-        """Return a fresh guard key for a batch, in the slot of its first request."""
+    def _new_guard(self, first: tuple[str, str, str] | None) -> bytes:
+        """Return a fresh guard key for a batch, in the slot of its first session."""
         if first is None:
             return self.keys.base + b"g:" + secrets.token_hex(8).encode()
-        return self.keys.guard(first.app_name, first.user_id, secrets.token_hex(8))
+        return self.keys.guard(first[0], first[1], secrets.token_hex(8))
 
-    def _batch_upkeep(self, requests: list[AppendRequest]) -> list[Command]:
-        apps = {r.app_name for r in requests}
+    def _batch_upkeep(self, batch: AppendBatch, start: int, stop: int) -> list[Command]:
+        apps = {batch.keys[owner][0] for owner in set(batch.owners[start:stop])}
         return [c for app in sorted(apps) for c in self._app_upkeep(app)]
 
     def _take(
         self,
         runs: list[Run],
         reply: Any,
-        position: int,
-        done: list[AppendResult],
+        tally: _Tally,
         loaded: list[LoadedSession | None] | None = None,
-    ) -> Plan[tuple[int, bool, BaseException | None]]:
-        """Decode one append call's reply into ``done``: (position after it, stopped, error).
+    ) -> Plan[bool]:
+        """Decode one append call's reply into ``tally``; return whether the batch stopped.
 
         A refusal stops the batch, and so does a result the client cannot
-        take (its error is returned); ``position`` is then the stopped
-        request's. The answers of reads placed in the call go to ``loaded``.
+        take (its error goes to ``tally.error``); ``tally.applied`` is then
+        the stopped event's position. The answers of reads placed in the
+        call go to ``loaded``.
         """
+        batch = tally.batch
         outcomes, pending = reply
         if self.cluster and pending:
             first = runs[0]
-            assert type(first) is list
-            yield from self._finish_pending(first[0].app_name, first[0].user_id, pending)
+            assert type(first) is _Span
+            app_name, user_id, _ = batch.keys[first.owner]
+            yield from self._finish_pending(app_name, user_id, pending)
+        # What surrounds the count in a marker, by (session number, removed count).
+        around: dict[tuple[Any, Any], tuple[str, str]] = {}
         for run, outcome in zip(runs, outcomes, strict=False):
-            if isinstance(run, tuple):
+            if type(run) is tuple:
                 assert loaded is not None
                 loaded.append((yield from self._loaded(run[1], run[2], run[3], outcome, None)))
                 continue
-            results, *marker = outcome
-            parts = _marker_parts(marker)
-            for request, result in zip(run, results, strict=False):
+            assert type(run) is _Span
+            results, number, removed = outcome
+            parts = around.get((number, removed))
+            if parts is None:
+                parts = around[(number, removed)] = _marker_parts([number, removed])
+            if len(results) == run.stop - run.start and all(type(r) is int for r in results):
+                # Every event appended: only the session's last marker and time matter.
+                tally.appended(run.owner, parts, results[-1], run.stop)
+                continue
+            for offset, result in enumerate(results):
+                index = run.start + offset
+                if type(result) is int:
+                    tally.appended(run.owner, parts, result, index + 1)
+                    continue
+                request = batch.request(index)
                 try:
-                    done.append(self._result(request, result, parts))
+                    done = self._result(request, result, parts)
                 except Exception as failure:  # it stops the batch; the caller raises it
-                    return position, True, failure
-                if type(result) is not int and result[0] == b"no":
-                    return position, True, None
-                position += 1
-        return position, False, None
+                    tally.error = failure
+                    return True
+                tally.took(index, done)
+                if result[0] == b"no":
+                    return True
+        return False
 
-    def _slot_group(self, requests: list[AppendRequest], start: int) -> int:
-        """Return how many requests from ``start`` may be pipelined under one guard key."""
+    def _slot_group(self, batch: AppendBatch, start: int, stop: int) -> int:
+        """Return how many events from ``start`` may be pipelined under one guard key."""
         if not self.cluster:
-            return len(requests) - start
-        app, user = requests[start].app_name, requests[start].user_id
+            return stop - start
+        owners, keys = batch.owners, batch.keys
+        app, user, _ = keys[owners[start]]
         end = start
-        while end < len(requests) and (requests[end].app_name, requests[end].user_id) == (
-            app,
-            user,
-        ):
+        while end < stop and keys[owners[end]][:2] == (app, user):
             end += 1
         return end - start
 
@@ -976,7 +1049,7 @@ class _Operations:
             args: list[Any] = [
                 app, user, sid, _number_text(copy.create_time),
                 _number_text(copy.last_update_time), last, self.settings.ttl,
-                len(copy.session_items), len(copy.events),
+                len(copy.session_items), len(copy.events), self.times_layout,
             ]  # fmt: skip
             for key, value in copy.session_items:
                 args.extend((key, value))
@@ -1001,11 +1074,17 @@ class _Operations:
         loaded = yield from self.load(app_name, user_id, session_id, None, None)
         if loaded is None:
             return None
-        times = self.keys.session(app_name, user_id, session_id)[3]
-        (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
-        stamps = {int(seq): float(score) for seq, score in zip(flat[0::2], flat[1::2], strict=True)}
-        ordered = [stamps[seq] for seq in sorted(stamps)]
         record = loaded.record
+        times = self.keys.session(app_name, user_id, session_id)[3]
+        (kind,) = yield [("TYPE", times)]
+        if kind in (b"string", "string"):
+            # Times in order: the stored positions run from the removed count on.
+            (raw,) = yield [("GETRANGE", times, 8 * record.removed_count, -1)]
+            ordered = [stamp for (stamp,) in _DOUBLE.iter_unpack(raw)]
+        else:
+            (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
+            stamps = {int(s): float(score) for s, score in zip(flat[0::2], flat[1::2], strict=True)}
+            ordered = [stamps[seq] for seq in sorted(stamps)]
         state = self.keys.session(app_name, user_id, session_id)[4]
         (items,) = yield [("HGETALL", state)]
         return SessionCopy.of_record(
@@ -1065,12 +1144,15 @@ class _Operations:
                 hint="pick another prefix= for this store",
             )
         version = fields.get("format")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
             raise IncompatibleStoreError(
                 f"the store under prefix {self.settings.prefix!r} has format {version}; "
                 f"this version reads up to {FORMAT_VERSION}",
                 hint="upgrade sessionscope",
             )
+        if version == 1:
+            # Clients of format 1 may still share it: they know only the sorted set.
+            self.times_layout = "0"
 
     def noop(self) -> Plan[None]:
         """One FCALL of a function that does nothing (a benchmark's baseline)."""
@@ -1106,20 +1188,104 @@ def _calls(runs: Iterable[Run]) -> list[list[Run]]:
     return calls
 
 
-def _session_runs(requests: list[AppendRequest]) -> Iterable[list[AppendRequest]]:
-    """Split requests into runs of one session, at most ``_CHUNK`` long."""
-    run: list[AppendRequest] = []
-    for request in requests:
-        if run and (
-            len(run) >= _CHUNK
-            or (request.app_name, request.user_id, request.session_id)
-            != (run[0].app_name, run[0].user_id, run[0].session_id)
-        ):
-            yield run
-            run = []
-        run.append(request)
-    if run:
-        yield run
+class _Span:
+    """A run of a batch's events ``start..stop`` (exclusive), all of session ``keys[owner]``."""
+
+    __slots__ = ("owner", "start", "stop")
+
+    def __init__(self, owner: int, start: int, stop: int) -> None:
+        self.owner, self.start, self.stop = owner, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def _spans(batch: AppendBatch, start: int, stop: int) -> Iterable[_Span]:
+    """Split a batch's events start..stop into runs of one session, at most ``_CHUNK`` long."""
+    owners = batch.owners
+    first = start
+    for index in range(start + 1, stop):
+        if owners[index] != owners[first] or index - first >= _CHUNK:
+            yield _Span(owners[first], first, index)
+            first = index
+    if first < stop:
+        yield _Span(owners[first], first, stop)
+
+
+def _span_args(batch: AppendBatch, start: int, stop: int, args: list[Any]) -> None:
+    """Add the FCALL arguments of a batch's events start..stop (see ``_request_args``).
+
+    Read from the batch's columns, without a request object per event:
+    every event of a batch is locked and without catch-up, so one without
+    state items is four arguments.
+    """
+    text = float.__repr__
+    for event_id, stamp, event, apps, users, own in zip(
+        batch.event_ids[start:stop],
+        batch.timestamps[start:stop],
+        batch.events[start:stop],
+        batch.app_items[start:stop],
+        batch.user_items[start:stop],
+        batch.session_items[start:stop],
+        strict=True,
+    ):
+        time = text(stamp if type(stamp) is float else float(stamp))
+        if apps or users or own:
+            _items_args((event_id, time, event), _LOCKED, own, users, apps, args)
+        else:
+            args += (event_id, time, event, _PLAIN_LOCKED)
+
+
+class _Tally:
+    """What a bulk append did so far, summed up as ``BatchResult`` wants it.
+
+    ``applied`` counts the events handled (appended or skipped as repeats)
+    from the batch's start; ``error`` is what stopped it.
+    """
+
+    __slots__ = ("applied", "batch", "error", "markers", "repeats", "times")
+
+    def __init__(self, batch: AppendBatch, start: int) -> None:
+        self.batch = batch
+        self.applied = start
+        self.repeats: list[int] = []
+        # Per session: (what comes before and after the count, count), or a marker.
+        self.markers: list[tuple[tuple[str, str], int] | str | None] = [None] * len(batch.keys)
+        self.times = [0.0] * len(batch.keys)
+        self.error: BaseException | None = None
+
+    def appended(self, owner: int, parts: tuple[str, str], count: int, applied: int) -> None:
+        """Note events appended up to position ``applied``; the last was the session's ``count``."""
+        self.markers[owner] = (parts, count)
+        self.times[owner] = float(self.batch.timestamps[applied - 1])
+        self.applied = applied
+
+    def took(self, index: int, result: AppendResult) -> None:
+        """Note the result of event ``index`` decoded one by one (a repeat, a refusal)."""
+        if result.duplicate or result.marker is None:
+            self.repeats.append(index)
+        else:
+            owner = self.batch.owners[index]
+            self.markers[owner] = result.marker
+            self.times[owner] = result.last_update_time
+        self.applied = index + 1
+
+    def add(self, later: _Tally) -> None:
+        """Take in the tally of the batch's next events (a later step of the same batch)."""
+        self.repeats += later.repeats
+        for owner, marker in enumerate(later.markers):
+            if marker is not None:
+                self.markers[owner], self.times[owner] = marker, later.times[owner]
+        self.applied = later.applied
+        self.error = later.error
+
+    def result(self, applied: int | None = None) -> BatchResult:
+        """Return the batch result: the first ``applied`` events (default: those handled)."""
+        markers = [
+            m if m is None or type(m) is str else f"{m[0][0]}{m[1]}{m[0][1]}" for m in self.markers
+        ]
+        count = self.applied if applied is None else applied
+        return BatchResult(count, self.repeats, markers, self.times, self.error)
 
 
 def _failure(error: BaseException, where: str) -> StoreError:
@@ -1253,9 +1419,9 @@ class _AsyncRunner:
 
 
 def _batch_plan(batch: AppendBatch, ops: _Operations) -> Plan[BatchResult]:
-    """Append a batch request by request (``append_many`` of the ops); sum up what it did."""
-    results, error = yield from ops.append_many(batch.requests())
-    return result_of_batch(batch, results, error)
+    """Append a batch (``append_many`` of the ops); sum up what it did."""
+    tally = yield from ops.append_many(batch)
+    return tally.result()
 
 
 class _Shielded(Awaitable[T]):
@@ -1697,12 +1863,10 @@ class RedisStore:
         """
         self._check_open()
         try:
-            results, stop, loaded = self._sync.run(
-                self._ops.append_many_reading(batch.requests(), reads)
-            )
+            tally, loaded = self._sync.run(self._ops.append_many_reading(batch, reads))
         except Exception as error:  # a network failure stops the batch too
             return result_of_batch(batch, [], error), []
-        return result_of_batch(batch, results, stop), loaded
+        return tally.result(), loaded
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""

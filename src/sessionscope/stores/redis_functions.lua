@@ -1,5 +1,5 @@
-#!lua name=sessionscope_4
--- The server side of sessionscope's Redis store (library version 4).
+#!lua name=sessionscope_5
+-- The server side of sessionscope's Redis store (library version 5).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -9,6 +9,10 @@
 -- Values are msgpack bytes and are stored as they arrive.
 
 local HAS_MARKER, HAS_LAST_ID, LOCKED, CATCH_UP = 1, 2, 4, 8
+-- Which optional parts of an append request's arguments follow its flags.
+local CALLER, ITEMS, APP, COUNTED = 16, 32, 64, 128
+-- The flags of a locked request without state, as the client sends them.
+local PLAIN_LOCKED = '4'
 -- Applied app-delta tokens are remembered this long (seconds).
 local APPLIED_HORIZON = 86400
 -- Fields read per HMGET, well under Lua's limit on unpacked arguments.
@@ -117,6 +121,54 @@ local function events_of(key, seqs)
     return out
 end
 
+-- A session's event times. While its record's `ts` field is set (every
+-- event's time at or after the one before it), `t:` is a string holding the
+-- time of the event at position i as an 8-byte big-endian double at byte
+-- 8i, and a time is found by binary search over the positions (in this mode
+-- a truncation removes the oldest positions, so the stored ones run from
+-- the removed count to the last). Otherwise (a time went back, or a session
+-- of store format 1) `t:` is the sorted set of positions scored by time.
+-- The string costs one APPEND per session and call; the sorted set a ZADD
+-- whose every insert parses the scores it passes.
+local function time_at(tm_key, position)
+    local raw = redis.call('GETRANGE', tm_key, 8 * position, 8 * position + 7)
+    return (struct.unpack('>d', raw))
+end
+
+-- The first position in first..count-1 whose time is at or after t (count if none).
+local function first_at_or_after(tm_key, first, count, t)
+    local low, high = first, count
+    while low < high do
+        local mid = math.floor((low + high) / 2)
+        if time_at(tm_key, mid) >= t then
+            high = mid
+        else
+            low = mid + 1
+        end
+    end
+    return low
+end
+
+-- Turns a session's time string into the sorted set (a time went back):
+-- every stored position (removed..count-1) scored by its time.
+local function times_to_set(rec_key, tm_key, removed, count)
+    local raw = redis.call('GET', tm_key) or ''
+    redis.call('DEL', tm_key)
+    local batch = {}
+    for position = removed, count - 1 do
+        batch[#batch + 1] = struct.unpack('>d', raw, 8 * position + 1)
+        batch[#batch + 1] = tostring(position)
+        if #batch >= 2 * CHUNK then
+            redis.call('ZADD', tm_key, unpack(batch))
+            batch = {}
+        end
+    end
+    if #batch > 0 then
+        redis.call('ZADD', tm_key, unpack(batch))
+    end
+    redis.call('HDEL', rec_key, 'ts')
+end
+
 -- Record an app delta for a second step to apply (cluster). The token
 -- starts with the user's own counter, so pending deltas sort in append order.
 local function record_pending(pend_key, tail, blob)
@@ -192,7 +244,16 @@ local function load(keys, args)
         n = tonumber(args[1])
     end
     local seqs
-    if args[2] ~= '' and not n then
+    local ordered = args[2] ~= '' and redis.call('HEXISTS', rec_key, 'ts') == 1
+    if ordered then
+        -- Times in position order: the events from the first at or after
+        -- the time to the last (and the last n of those), by binary search.
+        local first = first_at_or_after(tm_key, removed, count, tonumber(args[2]))
+        if n then
+            first = math.max(first, count - n)
+        end
+        seqs = positions(pos_key, 0, first, count - 1)
+    elseif args[2] ~= '' and not n then
         -- Only the events at or after the time are read.
         seqs = redis.call('ZRANGE', tm_key, args[2], '+inf', 'BYSCORE')
         table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
@@ -230,25 +291,30 @@ local function put(command, key, list)
 end
 
 local function new_writes()
-    return {ev = {}, ids = {}, tm = {}, names = {}, pos = {}, st = {}}
+    return {ev = {}, ids = {}, tm = {}, times = {}, names = {}, pos = {}, st = {}}
 end
 
 -- One session of an append call: its keys (record, events, ids, times,
 -- state, positions, names, user state, index, pending, counter[, app
 -- state]), its record as the call changes it, and its writes not yet issued.
 local function open_session(keys, sid)
-    return {keys = keys, sid = sid, ids = {}, stored_seq = {}, new_seq = {}, new_event = {},
+    return {keys = keys, sid = sid, ids = {}, stored_seq = {}, new_at = {},
         w = new_writes(), wrote = false}
 end
 
 -- Reads a session's record and the stored seq of every event id the call
 -- names for it: two calls however many requests the call has for it.
 local function read_session(s)
-    local head = redis.call('HMGET', s.keys[1], 'n', 'u', 'k', 'l', 'r')
+    local head = redis.call('HMGET', s.keys[1], 'n', 'u', 'k', 'l', 'r', 'ts')
     s.number, s.updated, s.count, s.last = head[1], head[2], tonumber(head[3]), head[4]
     s.removed = tonumber(head[5] or '0')
     if not s.number then
         return
+    end
+    -- In order: the time string is kept, and the last time bounds the next.
+    s.ordered, s.last_time = head[6] and true or false, nil
+    if s.ordered and s.count > 0 then
+        s.last_time = time_at(s.keys[4], s.count - 1)
     end
     local ids, total = s.ids, #s.ids
     for i = 1, total, CHUNK do
@@ -270,6 +336,9 @@ local function flush_session(s)
     end
     put('HSET', keys[2], w.ev)
     put('HSET', keys[3], w.ids)
+    if #w.times > 0 then
+        redis.call('APPEND', keys[4], table.concat(w.times))
+    end
     put('ZADD', keys[4], w.tm)
     put('HSET', keys[5], w.st)
     put('HSET', keys[7], w.names)
@@ -336,6 +405,50 @@ local function flush_index(index, ttl)
     end
 end
 
+-- An append request's arguments start at args[pos]: event id, timestamp,
+-- event, flags; then, with CALLER, the caller's marker, time and last event
+-- id; then, with ITEMS, the session item count, the user item count and the
+-- app items blob, or else, with APP, the app items blob alone; then the item
+-- pairs. Without ITEMS the item counts ride in the flags, from COUNTED up:
+-- sessions + 65536 * users (each under 65536). A locked bulk request without
+-- state is the first four arguments alone: every argument costs a Lua string.
+-- Returns its flags, where the caller's fields start (nil: none), the item
+-- counts, the app blob, where the pairs start, and where the next request starts.
+local function request_parts(args, pos)
+    if args[pos + 3] == PLAIN_LOCKED then
+        -- The common bulk request: nothing follows its four arguments.
+        return LOCKED, nil, 0, 0, '', pos + 4, pos + 4
+    end
+    local flags = tonumber(args[pos + 3])
+    local p, caller = pos + 4, nil
+    if bit.band(flags, CALLER) ~= 0 then
+        caller, p = p, p + 3
+    end
+    local n_session, n_user, blob = 0, 0, ''
+    if bit.band(flags, ITEMS) ~= 0 then
+        n_session, n_user, blob = tonumber(args[p]), tonumber(args[p + 1]), args[p + 2]
+        p = p + 3
+    else
+        if flags >= COUNTED then
+            local counts = math.floor(flags / COUNTED)
+            n_session, n_user = counts % 65536, math.floor(counts / 65536)
+        end
+        if bit.band(flags, APP) ~= 0 then
+            blob, p = args[p], p + 1
+        end
+    end
+    return flags, caller, n_session, n_user, blob, p, p + 2 * (n_session + n_user)
+end
+
+-- Where the request after the one at args[pos] starts.
+local function request_end(args, pos)
+    if args[pos + 3] == PLAIN_LOCKED then
+        return pos + 4
+    end
+    local _, _, _, _, _, _, after = request_parts(args, pos)
+    return after
+end
+
 local function push_pairs(list, args, first, n)
     local len = #list
     for i = 0, 2 * n - 1 do
@@ -343,55 +456,54 @@ local function push_pairs(list, args, first, n)
     end
 end
 
--- Tries one request on session s. Its arguments start at args[pos]: event
--- id, timestamp, event, flags, marker, caller time, caller last id, session
--- item count, user item count, app items blob, then the item pairs.
--- Returns the result and where the next request starts. An accepted append
+-- Tries one request on session s; its arguments start at args[pos] (see
+-- request_parts). Returns the result and where the next request starts. An accepted append
 -- without catch-up is the session's event count after it (the client builds
 -- the marker from it, and the time is the one it sent); the other results
 -- are tables: {'dup'}, {'no', record, stored event} or a catch-up's.
 local function append_one(call, s, args, pos)
+    -- Keys (see open_session) are looked up where a path needs them: most
+    -- requests take none of those paths.
     local keys = s.keys
-    local rec_key, ev_key, ids_key, pos_key, st_key = keys[1], keys[2], keys[3], keys[6], keys[5]
-    local ust_key, pend_key, app_key = keys[8], keys[10], keys[12]
-    local event_id, ts, event, flags = args[pos], args[pos + 1], args[pos + 2], tonumber(args[pos + 3])
-    local n_session, n_user, app_blob = tonumber(args[pos + 7]), tonumber(args[pos + 8]), args[pos + 9]
-    local items = pos + 10
-    local after = items + 2 * (n_session + n_user)
+    local event_id, ts, event = args[pos], args[pos + 1], args[pos + 2]
+    local flags, caller, n_session, n_user, app_blob, items, after = request_parts(args, pos)
     local number = s.number
     local refusal = nil
     if not number then
         return {'no', false, false}, after
     end
-    local stored = s.new_event[event_id]
-    local seq = s.new_seq[event_id]
-    if not seq then
-        seq = s.stored_seq[event_id]
+    -- An id this call already appended: its event is still among the arguments.
+    local found, stored = false, false
+    local at = s.new_at[event_id]
+    if at then
+        found, stored = true, args[at]
+    else
+        local seq = s.stored_seq[event_id]
         if seq then
-            stored = redis.call('HGET', ev_key, seq)
+            found, stored = true, redis.call('HGET', keys[2], seq)
         end
     end
-    if seq then
+    if found then
         if stored == event then
             return {'dup'}, after
         end
         refusal = {'no', false, stored}
     elseif bit.band(flags, LOCKED) == 0 then
         if bit.band(flags, HAS_MARKER) ~= 0 then
-            if args[pos + 4] ~= marker_of(number, s.count, s.removed) then
+            if args[caller] ~= marker_of(number, s.count, s.removed) then
                 refusal = {'no', false, false}
             end
         else
             -- A copy built by hand: stale only if the store is newer
             -- and its last event is not the copy's last event.
-            local caller = bit.band(flags, HAS_LAST_ID) ~= 0 and args[pos + 6] or false
-            if tonumber(s.updated) > tonumber(args[pos + 5]) and s.last ~= caller then
+            local last_id = bit.band(flags, HAS_LAST_ID) ~= 0 and args[caller + 2] or false
+            if tonumber(s.updated) > tonumber(args[caller + 1]) and s.last ~= last_id then
                 refusal = {'no', false, false}
             end
         end
     end
     if refusal then
-        local rec = read_record(rec_key)
+        local rec = read_record(keys[1])
         rec[6], rec[7], rec[8], rec[9] = s.updated, tostring(s.count), s.last, tostring(s.removed)
         refusal[2] = rec
         return refusal, after
@@ -400,25 +512,48 @@ local function append_one(call, s, args, pos)
     local catch_up = bit.band(flags, CATCH_UP) ~= 0
     if catch_up then
         flush_call(call)
-        known = events_seen(flags, args[pos + 4], args[pos + 6], number, ids_key)
+        known = events_seen(flags, args[caller], args[caller + 2], number, keys[3])
     end
     local before = s.count
     local w = s.w
-    push_pairs(w.st, args, items, n_session)
-    push_pairs(user_items(call, ust_key), args, items + 2 * n_session, n_user)
-    write_app_delta(app_key, pend_key, number, event_id, app_blob)
+    if n_session > 0 then
+        push_pairs(w.st, args, items, n_session)
+    end
+    if n_user > 0 then
+        push_pairs(user_items(call, keys[8]), args, items + 2 * n_session, n_user)
+    end
+    if app_blob ~= '' then
+        write_app_delta(keys[12], keys[10], number, event_id, app_blob)
+    end
     local field = tostring(s.count)
-    local ev, ids, tm, names = w.ev, w.ids, w.tm, w.names
+    if s.ordered then
+        local time = tonumber(ts)
+        if s.last_time and time < s.last_time then
+            -- A time went back: from now on the session keeps the sorted set.
+            flush_session(s)
+            times_to_set(keys[1], keys[4], s.removed, s.count)
+            s.ordered = false
+            w = s.w
+        else
+            local times = w.times
+            times[#times + 1] = struct.pack('>d', time)
+            s.last_time = time
+        end
+    end
+    local ev, ids, names = w.ev, w.ids, w.names
     local n = #ev
     ev[n + 1], ev[n + 2] = field, event
     ids[n + 1], ids[n + 2] = event_id, field
-    tm[n + 1], tm[n + 2] = ts, field
+    if not s.ordered then
+        local tm = w.tm
+        tm[#tm + 1], tm[#tm + 2] = ts, field
+    end
     names[n + 1], names[n + 2] = field, event_id
     if s.removed > 0 then
         local p = w.pos
         p[#p + 1], p[#p + 2] = field, field
     end
-    s.new_seq[event_id], s.new_event[event_id] = field, event
+    s.new_at[event_id] = pos + 2
     s.count, s.updated, s.last, s.wrote = s.count + 1, ts, event_id, true
     if not catch_up then
         return s.count, after
@@ -429,10 +564,10 @@ local function append_one(call, s, args, pos)
         known, replace = 0, 1
     end
     return {'ok', marker_of(number, s.count, s.removed), s.count, ts, replace,
-        events_of(ev_key, positions(pos_key, s.removed, known, before - 1)),
-        redis.call('HGETALL', st_key), redis.call('HGETALL', ust_key),
-        app_key and redis.call('HGETALL', app_key) or false,
-        redis.call('HGET', rec_key, 'c'), known}, after
+        events_of(keys[2], positions(keys[6], s.removed, known, before - 1)),
+        redis.call('HGETALL', keys[5]), redis.call('HGETALL', keys[8]),
+        keys[12] and redis.call('HGETALL', keys[12]) or false,
+        redis.call('HGET', keys[1], 'c'), known}, after
 end
 
 -- The common accepted append of one session, in straight code: one
@@ -451,15 +586,28 @@ local function append_straight(keys, args, ttl, total)
             return nil
         end
         starts[i] = pos
-        pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
+        pos = request_end(args, pos)
     end
     local rec_key, ids_key = keys[2], keys[4]
-    local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r')
+    local head = redis.call('HMGET', rec_key, 'n', 'u', 'k', 'l', 'r', 'ts')
     local number = head[1]
     if not number then
         return nil
     end
     local count, removed = tonumber(head[3]), tonumber(head[5] or '0')
+    local ordered, times = head[6] and true or false, nil
+    if ordered then
+        local last = count > 0 and time_at(keys[5], count - 1) or nil
+        times = {}
+        for i = 1, total do
+            local time = tonumber(args[starts[i] + 1])
+            if last and time < last then
+                -- A time goes back: the general path turns the times into the set.
+                return nil
+            end
+            times[i], last = struct.pack('>d', time), time
+        end
+    end
     if total == 1 then
         local flags = tonumber(args[12])
         if bit.band(flags, LOCKED) == 0 then
@@ -499,19 +647,21 @@ local function append_straight(keys, args, ttl, total)
     local results, event_id, ts = {}, nil, nil
     for i = 1, total do
         local p = starts[i]
-        local n_session, n_user, app_blob = tonumber(args[p + 7]), tonumber(args[p + 8]), args[p + 9]
+        local _, _, n_session, n_user, app_blob, items = request_parts(args, p)
         local field = tostring(count)
         event_id, ts = args[p], args[p + 1]
         local n = #ev
         ev[n + 1], ev[n + 2] = field, args[p + 2]
         id_pairs[n + 1], id_pairs[n + 2] = event_id, field
-        tm[n + 1], tm[n + 2] = ts, field
+        if not ordered then
+            tm[n + 1], tm[n + 2] = ts, field
+        end
         names[n + 1], names[n + 2] = field, event_id
         if removed > 0 then
             kept[n + 1], kept[n + 2] = field, field
         end
-        push_pairs(st, args, p + 10, n_session)
-        push_pairs(ust, args, p + 10 + 2 * n_session, n_user)
+        push_pairs(st, args, items, n_session)
+        push_pairs(ust, args, items + 2 * n_session, n_user)
         write_app_delta(app_key, pend_key, number, event_id, app_blob)
         count = count + 1
         results[i] = count
@@ -520,7 +670,11 @@ local function append_straight(keys, args, ttl, total)
     if total > 1 then
         put('HSET', ids_key, id_pairs)
     end
-    put('ZADD', keys[5], tm)
+    if ordered then
+        redis.call('APPEND', keys[5], table.concat(times))
+    else
+        put('ZADD', keys[5], tm)
+    end
     put('HSET', keys[8], names)
     put('ZADD', keys[7], kept)
     put('HSET', keys[6], st)
@@ -599,7 +753,7 @@ local function append(keys, args)
         end
         for _ = 1, total do
             s.ids[#s.ids + 1] = args[pos]
-            pos = pos + 10 + 2 * (tonumber(args[pos + 7]) + tonumber(args[pos + 8]))
+            pos = request_end(args, pos)
         end
     end
     for _, s in ipairs(call.sessions) do
@@ -668,7 +822,8 @@ end
 
 -- KEYS: record, state, user state, index, pending, counter[, app state]
 -- ARGV: app, user, sid, token, create time, ttl, session item count,
---       user item count, app items blob, item pairs.
+--       user item count, app items blob, times layout ('1': the time
+--       string while in order; '0': the sorted set, store format 1), item pairs.
 -- Returns false when the id is taken by another session; a repeat of this
 -- very create (same token: a retry after a lost reply) answers as the first.
 local function create(keys, args)
@@ -684,8 +839,11 @@ local function create(keys, args)
         local number = new_number(counter_key)
         redis.call('HSET', rec_key, 'app', args[1], 'user', args[2], 'sid', args[3],
             'n', number, 'c', args[5], 'u', args[5], 'k', '0', 'tk', token)
-        hset_pairs(st_key, args, 10, n_session)
-        hset_pairs(ust_key, args, 10 + 2 * n_session, n_user)
+        if args[10] == '1' then
+            redis.call('HSET', rec_key, 'ts', '1')
+        end
+        hset_pairs(st_key, args, 11, n_session)
+        hset_pairs(ust_key, args, 11 + 2 * n_session, n_user)
         write_app_delta(app_key, pend_key, number, '', app_blob)
         redis.call('ZADD', idx_key, args[5], args[3])
         expire_all(ttl, {rec_key, st_key, ust_key, idx_key, pend_key, counter_key})
@@ -727,7 +885,13 @@ local function truncate(keys, args)
     end
     local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[3])
     local doomed
-    if args[1] == 'before' then
+    local ordered = redis.call('HEXISTS', rec_key, 'ts') == 1
+    if args[1] == 'before' and ordered then
+        -- Times in position order: the oldest positions, up to the first at
+        -- or after the time. (Their bytes stay in the string: positions index it.)
+        local stop = first_at_or_after(tm_key, removed, count, tonumber(args[2]))
+        doomed = positions(pos_key, 0, removed, math.min(stop, removed + most) - 1)
+    elseif args[1] == 'before' then
         doomed = redis.call('ZRANGE', tm_key, '-inf', '(' .. args[2], 'BYSCORE', 'LIMIT', 0, most)
     else
         local stored = count - removed
@@ -766,7 +930,9 @@ local function truncate(keys, args)
     end
     redis.call('HDEL', ev_key, unpack(doomed))
     redis.call('HDEL', names_key, unpack(doomed))
-    redis.call('ZREM', tm_key, unpack(doomed))
+    if not ordered then
+        redis.call('ZREM', tm_key, unpack(doomed))
+    end
     redis.call('ZREM', pos_key, unpack(doomed))
     redis.call('HSET', rec_key, 'r', tostring(removed + #doomed))
     return #doomed
@@ -774,8 +940,8 @@ end
 
 -- KEYS: record, events, ids, times, state, names, index, counter
 -- ARGV: app, user, sid, create time, last update time, last event id ('' none),
---       ttl, state item count, event count, state pairs, then per event:
---       id, timestamp, record.
+--       ttl, state item count, event count, times layout (as for create),
+--       state pairs, then per event: id, timestamp, record.
 -- Writes a whole session as given; false when the id is taken.
 local function restore(keys, args)
     local rec_key, ev_key, ids_key, tm_key, st_key = keys[1], keys[2], keys[3], keys[4], keys[5]
@@ -790,15 +956,38 @@ local function restore(keys, args)
     if args[6] ~= '' then
         fields[#fields + 1], fields[#fields + 2] = 'l', args[6]
     end
+    hset_pairs(st_key, args, 11, n_state)
+    local first = 11 + 2 * n_state
+    -- The time string when the store keeps one and the times never go back.
+    local times = nil
+    if args[10] == '1' then
+        times = {}
+        local last = nil
+        for i = 0, n_events - 1 do
+            local time = tonumber(args[first + 3 * i + 1])
+            if last and time < last then
+                times = nil
+                break
+            end
+            times[i + 1], last = struct.pack('>d', time), time
+        end
+    end
+    if times then
+        fields[#fields + 1], fields[#fields + 2] = 'ts', '1'
+        if n_events > 0 then
+            redis.call('SET', tm_key, table.concat(times))
+        end
+    end
     redis.call('HSET', rec_key, unpack(fields))
-    hset_pairs(st_key, args, 10, n_state)
-    local pos = 10 + 2 * n_state
+    local pos = first
     for seq = 0, n_events - 1 do
         local field = tostring(seq)
         redis.call('HSET', ev_key, field, args[pos + 2])
         redis.call('HSET', ids_key, args[pos], field)
         redis.call('HSET', names_key, field, args[pos])
-        redis.call('ZADD', tm_key, args[pos + 1], field)
+        if not times then
+            redis.call('ZADD', tm_key, args[pos + 1], field)
+        end
         pos = pos + 3
     end
     redis.call('ZADD', idx_key, args[5], args[3])
@@ -847,13 +1036,13 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_4_append', append)
-redis.register_function('sessionscope_4_create', create)
-redis.register_function{function_name = 'sessionscope_4_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_4_delete', delete)
-redis.register_function('sessionscope_4_truncate', truncate)
-redis.register_function('sessionscope_4_restore', restore)
-redis.register_function('sessionscope_4_apply', apply)
-redis.register_function('sessionscope_4_clear', clear)
-redis.register_function('sessionscope_4_prune', prune)
-redis.register_function{function_name = 'sessionscope_4_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_5_append', append)
+redis.register_function('sessionscope_5_create', create)
+redis.register_function{function_name = 'sessionscope_5_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_5_delete', delete)
+redis.register_function('sessionscope_5_truncate', truncate)
+redis.register_function('sessionscope_5_restore', restore)
+redis.register_function('sessionscope_5_apply', apply)
+redis.register_function('sessionscope_5_clear', clear)
+redis.register_function('sessionscope_5_prune', prune)
+redis.register_function{function_name = 'sessionscope_5_noop', callback = noop, flags = {'no-writes'}}
