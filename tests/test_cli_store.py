@@ -335,16 +335,33 @@ def test_tail_without_follow_prints_the_last_events(store_path: Path) -> None:
     ]
 
 
-@pytest.mark.slow
-def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> None:
-    args = ["tail", uri_of(store_path), "shop", "user-0", "s0", "--follow", "--json"]
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "sessionscope", *args, "--last", "1", "--interval", "0.05"],
+# Starts the command line with SIGINT ignored, as a shell does for ``cmd &``
+# in a script: the ignored disposition survives exec into the new program.
+_WITH_SIGINT_IGNORED = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'sessionscope', *sys.argv[1:]])\n"
+)
+
+
+def follow(
+    path: Path, user: str, sid: str, interval: str, *, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """Start ``tail --follow --json --last 1`` on a session of the shop app."""
+    args = ["tail", uri_of(path), "shop", user, sid, "--follow", "--json", "--last", "1"]
+    start = ["-c", _WITH_SIGINT_IGNORED] if sigint_ignored else ["-m", "sessionscope"]
+    return subprocess.Popen(
+        [sys.executable, *start, *args, "--interval", interval],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
     )
+
+
+@pytest.mark.slow
+def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> None:
+    tail = follow(store_path, "user-0", "s0", "0.05")
     child = None
     try:
         printed = Lines(tail.stdout)  # type: ignore[arg-type]
@@ -366,25 +383,9 @@ def test_tail_follow_prints_what_another_process_appends(store_path: Path) -> No
             stop(child)
 
 
-# Starts the command line with SIGINT ignored, as a shell does for ``cmd &``
-# in a script: the ignored disposition survives exec into the new program.
-_WITH_SIGINT_IGNORED = (
-    "import os, signal, sys\n"
-    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-    "os.execv(sys.executable, [sys.executable, '-m', 'sessionscope', *sys.argv[1:]])\n"
-)
-
-
 @pytest.mark.slow
 def test_tail_follow_started_with_sigint_ignored_still_ends_on_sigint(store_path: Path) -> None:
-    args = ["tail", uri_of(store_path), "shop", "user-0", "s0", "--follow", "--json"]
-    tail = subprocess.Popen(
-        [sys.executable, "-c", _WITH_SIGINT_IGNORED, *args, "--last", "1", "--interval", "0.05"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    tail = follow(store_path, "user-0", "s0", "0.05", sigint_ignored=True)
     try:
         printed = Lines(tail.stdout)  # type: ignore[arg-type]
         # The first line comes after the handlers are set: the signal cannot
@@ -401,14 +402,7 @@ def test_tail_follow_started_with_sigint_ignored_still_ends_on_sigint(store_path
 def test_tail_follow_prints_an_event_appended_right_after_a_truncation(store_path: Path) -> None:
     # One poll sees the session truncated and appended to since the last: the
     # new event must still be printed (the count of stored events alone went down).
-    args = ["tail", uri_of(store_path), "shop", "user-2", "s1", "--follow", "--json"]
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "sessionscope", *args, "--last", "1", "--interval", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    tail = follow(store_path, "user-2", "s1", "1")
     try:
         printed = Lines(tail.stdout)  # type: ignore[arg-type]
         assert json.loads(printed.take())["summary"] == "hello 3"

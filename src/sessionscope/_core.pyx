@@ -739,39 +739,56 @@ cdef bint _shared_busy = False
 cdef Py_ssize_t _KEPT_CAPACITY = 1 << 16
 
 
+cdef _Buffer* _take_buffer(_Buffer* own) noexcept:
+    """Return the shared buffer, or ``own`` (empty) while another call holds the shared one."""
+    global _shared_busy
+    if _shared_busy:
+        own[0] = _Buffer(NULL, 0, 0)
+        return own
+    _shared_busy = True
+    return &_shared
+
+
+cdef int _start(_Buffer* buf, bytes prefix) except -1:
+    """Empty the buffer, give it room, and write ``prefix`` first."""
+    cdef Py_ssize_t size
+    if buf.data == NULL:
+        buf.data = <char*>malloc(4096)
+        if buf.data == NULL:
+            raise MemoryError()
+        buf.capacity = 4096
+    buf.size = 0
+    size = PyBytes_GET_SIZE(prefix)
+    if size:
+        _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+    return 0
+
+
+cdef void _give_back(_Buffer* buf) noexcept:
+    """Free a call's own buffer, or a shared one grown too large, and free the shared one."""
+    global _shared_busy
+    if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
+        free(buf.data)
+        buf.data = NULL
+        buf.capacity = 0
+    if buf is &_shared:
+        _shared_busy = False
+
+
 def pack_plain(value, prefix=b""):
     """Return ``prefix`` and the msgpack bytes of a plain value, or None: the caller packs it."""
-    global _shared_busy
     cdef _Buffer own
-    cdef _Buffer* buf = &_shared
-    cdef Py_ssize_t size
+    cdef _Buffer* buf
     if not PyBytes_CheckExact(prefix):
         raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
-    if _shared_busy:
-        own = _Buffer(NULL, 0, 0)
-        buf = &own
-    else:
-        _shared_busy = True
+    buf = _take_buffer(&own)
     try:
-        if buf.data == NULL:
-            buf.data = <char*>malloc(4096)
-            if buf.data == NULL:
-                raise MemoryError()
-            buf.capacity = 4096
-        buf.size = 0
-        size = PyBytes_GET_SIZE(prefix)
-        if size:
-            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        _start(buf, prefix)
         if not _put_plain(buf, value, 0):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
-        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
-            free(buf.data)
-            buf.data = NULL
-            buf.capacity = 0
-        if buf is &_shared:
-            _shared_busy = False
+        _give_back(buf)
 
 
 # -- packing an event's record ----------------------------------------------------
@@ -1034,40 +1051,21 @@ def pack_event(event, fields, action_fields, prefix=b""):
     ones, a delta or ``extra`` that is not a dict, and a map of more than 15
     entries.
     """
-    global _shared_busy
     cdef _Buffer own
-    cdef _Buffer* buf = &_shared
-    cdef Py_ssize_t size
+    cdef _Buffer* buf
     if not PyBytes_CheckExact(prefix):
         raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
     if not PyTuple_CheckExact(fields) or not PyTuple_CheckExact(action_fields):
         raise TypeError("fields and action_fields must be tuples of str")
     # Attribute reads can run Python code: a call made meanwhile takes a buffer of its own.
-    if _shared_busy:
-        own = _Buffer(NULL, 0, 0)
-        buf = &own
-    else:
-        _shared_busy = True
+    buf = _take_buffer(&own)
     try:
-        if buf.data == NULL:
-            buf.data = <char*>malloc(4096)
-            if buf.data == NULL:
-                raise MemoryError()
-            buf.capacity = 4096
-        buf.size = 0
-        size = PyBytes_GET_SIZE(prefix)
-        if size:
-            _put_raw(buf, PyBytes_AS_STRING(prefix), size)
+        _start(buf, prefix)
         if not _put_event(buf, event, fields, action_fields):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
-        if buf is not &_shared or buf.capacity > _KEPT_CAPACITY:
-            free(buf.data)
-            buf.data = NULL
-            buf.capacity = 0
-        if buf is &_shared:
-            _shared_busy = False
+        _give_back(buf)
 
 
 # -- store key and value bytes --------------------------------------------------------
