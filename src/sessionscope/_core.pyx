@@ -580,17 +580,21 @@ cdef inline int _reserve(_Buffer* buf, Py_ssize_t more) except -1:
     return 0
 
 
+cdef inline void _big_endian(char* data, uint64_t value, int width) noexcept:
+    """Write ``value`` big-endian in ``width`` bytes (0 to 8) at ``data``."""
+    cdef int index
+    for index in range(width):
+        data[index] = <char>((value >> (8 * (width - 1 - index))) & 0xFF)
+
+
 cdef inline int _put_head(
     _Buffer* buf, unsigned char code, uint64_t value, int width
 ) except -1:
     """Write a type byte, then ``value`` big-endian in ``width`` bytes (0 to 8)."""
-    cdef int shift
     _reserve(buf, 1 + width)
     buf.data[buf.size] = <char>code
-    buf.size += 1
-    for shift in range(width - 1, -1, -1):
-        buf.data[buf.size] = <char>((value >> (8 * shift)) & 0xFF)
-        buf.size += 1
+    _big_endian(buf.data + buf.size + 1, value, width)
+    buf.size += 1 + width
     return 0
 
 
@@ -1079,7 +1083,6 @@ def timed_record(timestamp, record):
     cdef double number
     cdef Py_ssize_t size
     cdef uint64_t bits
-    cdef int index
     if not PyFloat_CheckExact(timestamp):
         raise TypeError(f"timestamp must be a float, not {type(timestamp).__name__}")
     if not PyBytes_CheckExact(record):
@@ -1089,8 +1092,7 @@ def timed_record(timestamp, record):
     out = PyBytes_FromStringAndSize(NULL, 8 + size)
     cdef char* data = PyBytes_AS_STRING(out)
     memcpy(&bits, &number, 8)
-    for index in range(8):
-        data[index] = <char>((bits >> (56 - 8 * index)) & 0xFF)
+    _big_endian(data, bits, 8)
     memcpy(data + 8, PyBytes_AS_STRING(record), size)
     return out
 
@@ -1126,7 +1128,6 @@ def sized_key(prefix, text, limit):
     out = PyBytes_FromStringAndSize(NULL, start + 2 + size)
     cdef char* data = PyBytes_AS_STRING(out)
     memcpy(data, PyBytes_AS_STRING(prefix), start)
-    data[start] = <char>(size >> 8)
-    data[start + 1] = <char>(size & 0xFF)
+    _big_endian(data + start, <uint64_t>size, 2)
     memcpy(data + start + 2, raw, size)
     return out

@@ -94,6 +94,33 @@ def _id_part(text: str) -> bytes:
     return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
 
 
+@cython.cfunc
+def _id_key(prefix: bytes, event_id: str) -> bytes:
+    """Return an event's id index key: ``prefix``, then ``unique_part(event_id)``.
+
+    The common id's key is made in one allocation; a long id (stored under a
+    digest) or a str subclass takes unique_part's way.
+    """
+    made: Any = sized_key(prefix, event_id, _RAW_PART_LIMIT)
+    if made is None:
+        made = prefix + _id_part(event_id)
+    key: bytes = made
+    return key
+
+
+@cython.cfunc
+def _stored_value(timestamp: float, record: Any) -> bytes:
+    """Return an event's stored value: its time (8 bytes, big-endian), then its record.
+
+    In one allocation for a bytes record; another buffer type is joined.
+    """
+    if type(record) is bytes:
+        stamped: bytes = timed_record(float(timestamp), record)
+        return stamped
+    joined: bytes = _F64.pack(timestamp) + record
+    return joined
+
+
 # App, user, session ids and state keys recur from call to call: remember their
 # parts. Event ids never recur, so they take unique_part and stay out of the cache.
 part: Callable[[str], bytes] = lru_cache(maxsize=4096)(unique_part)
@@ -140,7 +167,7 @@ def event_entries(
     seq: bytes = _U64.pack(record.event_count)
     timestamp: float = request.timestamp
     entries = (
-        (number + _EVENT + seq, _F64.pack(timestamp) + request.event),
+        (number + _EVENT + seq, _stored_value(timestamp, request.event)),
         (id_key, seq),
     )
     if not timed:
@@ -280,7 +307,7 @@ def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
     id_key: bytes = b""
     if record is not None:
         number = _U64.pack(record.number)
-        id_key = number + _EVENT_ID + unique_part(request.event_id)
+        id_key = _id_key(number + _EVENT_ID, request.event_id)
         stored = _stored_event(txn, data_db, number, id_key)
     if check_append(record, request, stored):
         return AppendResult(None, duplicate=True)
@@ -310,7 +337,7 @@ def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
         store._start_time_index(txn, record)
         timed = True
     seq: bytes = _U64.pack(count_before)
-    puts.append((number + _EVENT + seq, _F64.pack(timestamp) + request.event))
+    puts.append((number + _EVENT + seq, _stored_value(timestamp, request.event)))
     puts.append((id_key, seq))
     if timed:
         puts.append((number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
@@ -335,7 +362,7 @@ def _events_seen(
     txn: Any, data_db: Any, number: bytes, request: AppendRequest, record: SessionRecord
 ) -> int | None:
     def seq_of(event_id: str) -> int | None:
-        seq = txn.get(number + _EVENT_ID + unique_part(event_id), db=data_db)
+        seq = txn.get(_id_key(number + _EVENT_ID, event_id), db=data_db)
         return None if seq is None else int(_U64.unpack(seq)[0])
 
     return events_seen(request, record, seq_of)
@@ -480,12 +507,7 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             id_keys.append(b"")
         else:
             session = found
-            # The common id's key in one allocation; a long id (stored under a
-            # digest) or a str subclass takes unique_part's way.
-            made = sized_key(session.id_prefix, event_ids[index], _RAW_PART_LIMIT)
-            if made is None:
-                made = session.id_prefix + _id_part(event_ids[index])
-            id_keys.append(made)
+            id_keys.append(_id_key(session.id_prefix, event_ids[index]))
     known_ids = set(data.getmulti([k for k in id_keys if k], values=False))
     repeats: list[int] = []
     # Two keys naming one session (two live copies of it) each get the marker
@@ -550,13 +572,7 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
             store._start_time_index(txn, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
-        # Time and record in one allocation (a record of another buffer type is joined).
-        stamped: bytes = (
-            timed_record(float(timestamp), event)
-            if type(event) is bytes
-            else _F64.pack(timestamp) + event
-        )
-        session.events.append((session.event_prefix + seq, stamped))
+        session.events.append((session.event_prefix + seq, _stored_value(timestamp, event)))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
