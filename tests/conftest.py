@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
 import pytest
@@ -32,3 +33,18 @@ def core_impl(request: pytest.FixtureRequest) -> ModuleType:
             f"compiled core sessionscope._core is not importable ({exc}); build it, "
             "or set SESSIONSCOPE_NO_EXTENSIONS=1 to test the pure-Python twin only"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests that need google-adk on the one Python it does not support.
+
+    google-adk needs Python 3.11 or later, so the ``[adk]`` extra brings nothing
+    on 3.10 and the drop-in is not offered there. From 3.11 on, a missing
+    google-adk is an error, never a silent skip.
+    """
+    if sys.version_info >= (3, 11):
+        return
+    skip = pytest.mark.skip(reason="google-adk needs Python 3.11 or later")
+    for item in items:
+        if item.get_closest_marker("adk") is not None:
+            item.add_marker(skip)

@@ -411,6 +411,7 @@ def test_a_stored_value_that_does_not_decode_is_called_corrupt(tmp_path: Path, w
         assert again is not None and len(again.events) == 1
 
 
+@pytest.mark.adk
 def test_an_adk_event_that_does_not_decode_is_called_corrupt(tmp_path: Path) -> None:
     from google.adk.events import Event as AdkEvent
     from google.genai import types
@@ -469,6 +470,7 @@ def test_an_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Pa
         assert head is not None and head.events == []
 
 
+@pytest.mark.adk
 def test_an_adk_event_record_that_decodes_to_no_event_is_called_corrupt(tmp_path: Path) -> None:
     from google.adk.events import Event as AdkEvent
 

@@ -261,6 +261,7 @@ def test_async_truncate(store_factory: StoreFactory) -> None:
     _stores.run(scenario())
 
 
+@pytest.mark.adk
 def test_the_adk_services_truncate_and_raise_adk_errors(store_factory: StoreFactory) -> None:
     from google.adk.errors.session_not_found_error import (
         SessionNotFoundError as AdkSessionNotFoundError,
@@ -529,6 +530,7 @@ def test_session_ttl_from_a_uri(tmp_path: Any) -> None:
         memory.close()
 
 
+@pytest.mark.adk
 def test_session_ttl_through_the_adk_service_uri(tmp_path: Any) -> None:
     from sessionscope.adk import LmdbSessionService
 

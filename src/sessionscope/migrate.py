@@ -27,11 +27,16 @@ call that reads it alone), so an app with state and no session brings none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import inspect
 import os
+import sqlite3
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlsplit
 
 from .codec import pack
 from .errors import AlreadyExistsError, SessionscopeError
@@ -43,6 +48,11 @@ if TYPE_CHECKING:
 __all__ = ["MigrationReport", "migrate_from_adk"]
 
 _APP_PREFIX, _USER_PREFIX, _TEMP_PREFIX = "app:", "user:", "temp:"
+# Every (app, user) pair a source holds sessions or user state of: ADK's API
+# lists no apps, and every schema version ADK reads has these two tables.
+_OWNERS_QUERY = (
+    "SELECT app_name, user_id FROM sessions UNION SELECT app_name, user_id FROM user_states"
+)
 
 
 @dataclass(slots=True)
@@ -97,23 +107,24 @@ def open_adk_service(source_url: str) -> BaseSessionService:
     from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
     try:
-        service = create_session_service_from_options(
-            base_dir=os.getcwd(), session_service_uri=source_url, use_local_storage=False
-        )
+        with warnings.catch_warnings():
+            # SqliteSessionService's schema check opens a sqlite3 connection and
+            # leaves it to the garbage collector, which Python 3.13 reports as a
+            # ResourceWarning: ADK's leak, not one a caller can mend. Collect it
+            # here, where the warning is known and silenced.
+            warnings.simplefilter("ignore", ResourceWarning)
+            service = create_session_service_from_options(
+                base_dir=os.getcwd(), session_service_uri=source_url, use_local_storage=False
+            )
+            gc.collect()
     except Exception as error:
         raise ValueError(f"cannot open the ADK session store {source_url!r}: {error}") from None
-    path: str | None = None
-    if isinstance(service, SqliteSessionService):
-        path = service._db_path
-    elif isinstance(service, DatabaseSessionService):
-        url = service.db_engine.url
-        if url.get_backend_name() == "sqlite":
-            path = url.database
-    else:
+    if not isinstance(service, (SqliteSessionService, DatabaseSessionService)):
         raise ValueError(
             f"{source_url!r} opens a {type(service).__name__}: migrate reads sqlite:// and "
             "SQLAlchemy database URLs"
         )
+    path = _sqlite_file(source_url)
     # Neither service connects before its first call: nothing is open to close.
     if path is not None and (not path or path == ":memory:" or not os.path.isfile(path)):
         raise ValueError(f"{source_url!r} names no existing database file ({path or 'none'})")
@@ -133,7 +144,7 @@ async def _migrate(
     model = AdkModel()
     report = MigrationReport()
     try:
-        owners = await _owners(source)
+        owners = await _owners(source, source_url)
         apps = [only_app] if only_app is not None else sorted({app for app, _ in owners})
         migrated: list[tuple[str, str, str]] = []
         users_seen: set[tuple[str, str]] = set()
@@ -184,25 +195,47 @@ async def _migrate(
     return report
 
 
-async def _owners(source: Any) -> set[tuple[str, str]]:
+async def _owners(source: Any, source_url: str) -> set[tuple[str, str]]:
     """Return every (app, user) pair the source's tables hold sessions or user state of."""
     from google.adk.sessions.database_session_service import DatabaseSessionService
     from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
-    query = "SELECT app_name, user_id FROM sessions UNION SELECT app_name, user_id FROM user_states"
     rows: Any
     if isinstance(source, SqliteSessionService):
-        async with source._get_db_connection() as db:
-            rows = await db.execute_fetchall(query)
+        rows = await asyncio.to_thread(_sqlite_rows, source_url, _OWNERS_QUERY)
     elif isinstance(source, DatabaseSessionService):
         from sqlalchemy import text
 
         await source.prepare_tables()
         async with source.db_engine.connect() as connection:
-            rows = (await connection.execute(text(query))).all()
+            rows = (await connection.execute(text(_OWNERS_QUERY))).all()
     else:  # pragma: no cover - open_adk_service refuses other services
         raise ValueError(f"cannot list the apps of a {type(source).__name__}")
     return {(str(row[0]), str(row[1])) for row in rows}
+
+
+def _sqlite_file(source_url: str) -> str | None:
+    """Return the database file a ``sqlite://`` or SQLAlchemy SQLite URL names; None for others.
+
+    Read by the URL forms ADK documents for ``--session_service_uri``, not by
+    the service's private fields: ``sqlite:///x.db`` is the relative path
+    ``x.db``, ``sqlite:////srv/x.db`` the absolute ``/srv/x.db``; the query
+    is not part of the path.
+    """
+    scheme, _, rest = source_url.partition("://")
+    if scheme.split("+", 1)[0] != "sqlite":
+        return None
+    path = unquote(urlsplit(f"sqlite://{rest}").path)
+    return path[1:] if path.startswith("/") else path
+
+
+def _sqlite_rows(source_url: str, query: str) -> list[tuple[Any, ...]]:
+    """Run a read-only query on the SQLite file the URL names, and close it."""
+    path = _sqlite_file(source_url)
+    assert path is not None
+    uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as connection:
+        return connection.execute(query).fetchall()
 
 
 async def _user_state(source: Any, app: str, user: str) -> dict[str, Any] | None:
