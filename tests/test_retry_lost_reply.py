@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,7 @@ def test_a_repeat_further_back_changes_nothing(store_factory: StoreFactory) -> N
     before = copy.deepcopy(live)
     retry = clone(second)
     assert svc.append_event(live, retry) is retry
+    assert svc.append_event_locked(live, clone(second)) is not None
     assert live == before
     # Up to date, a repeat of an earlier event changes nothing either.
     current = _stored(svc)
@@ -277,7 +279,11 @@ def test_a_retry_after_a_server_stall_is_returned_as_appended(own_server: RedisS
                 svc.append_event(live, clone(event))
         finally:
             own_server.resume()
-        # The command waited in the stopped server's socket: it ran on resume.
+        # The command waited in the stopped server's socket: it runs on resume,
+        # before a command of a connection made after it (waited for all the same).
+        deadline = time.monotonic() + 10
+        while event_ids(_stored(svc)) != [event.id] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert event_ids(_stored(svc)) == [event.id]
         assert event_ids(live) == []
         retry = clone(event)
