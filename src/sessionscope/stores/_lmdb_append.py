@@ -45,6 +45,7 @@ from .base import (
     PartialBatch,
     SessionRecord,
     catch_up,
+    catch_up_repeat,
     check_append,
     events_seen,
 )
@@ -309,7 +310,9 @@ def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
         number = _U64.pack(record.number)
         id_key = _id_key(number + _EVENT_ID, request.event_id)
         stored = _stored_event(txn, data_db, number, id_key)
-    if check_append(record, request, stored):
+    if stored is not None:
+        return _repeat(store, txn, record, request, stored, number, id_key)
+    if check_append(record, request, None) is not None:
         return AppendResult(None, duplicate=True)
     known = None
     catching_up: cython.bint = request.catch_up
@@ -354,6 +357,24 @@ def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
     if not catching_up:
         return result
     return _catch_up(store, txn, result, known, number, count_before, record)
+
+
+def _repeat(
+    store: Any,
+    txn: Any,
+    record: Any,
+    request: AppendRequest,
+    stored: bytes,
+    number: bytes,
+    id_key: bytes,
+) -> AppendResult:
+    """Answer an append whose event id the session stores (see ``check_append``)."""
+    seq = int(_U64.unpack(txn.get(id_key, db=store._data))[0])
+    repeat = check_append(record, request, stored, seq)
+    assert repeat is not None  # a stored id is a repeat or a refusal
+    if request.catch_up and not repeat.duplicate:
+        return catch_up_repeat(repeat, seq, lambda: store._loaded(txn, record, []))
+    return repeat
 
 
 # The two steps of a locked append's catch-up live in their own functions: a
@@ -543,7 +564,8 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
                 session.settle()
                 record = session.record
             try:
-                if check_append(record, batch.request(index), stored):
+                # A batch's requests carry no marker: a repeat changes nothing.
+                if check_append(record, batch.request(index), stored) is not None:
                     repeats.append(index)
                     continue
             except Exception as error:

@@ -47,6 +47,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "catch_up",
+    "catch_up_repeat",
     "check_append",
     "check_copy",
     "check_ttl",
@@ -58,6 +59,7 @@ __all__ = [
     "list_position",
     "marker_position",
     "page_records",
+    "repeat_result",
     "result_of_batch",
 ]
 
@@ -493,12 +495,17 @@ def marker_position(marker: str | None) -> tuple[int, int] | None:
 
 
 def check_append(
-    record: SessionRecord | None, request: AppendRequest, stored_event: bytes | None
-) -> bool:
-    """Decide whether an append may proceed; return True for a repeat to skip.
+    record: SessionRecord | None,
+    request: AppendRequest,
+    stored_event: bytes | None,
+    stored_seq: int | None = None,
+) -> AppendResult | None:
+    """Decide whether an append may proceed: None when it may, else its answer (a repeat).
 
     A repeat (same id, equal content) is checked before staleness so that a
-    caller retrying an append whose answer it lost gets the same answer.
+    caller retrying an append whose answer it lost gets the same answer:
+    ``stored_seq`` is the stored event's position, which tells whether it is
+    the one right after the caller's copy (see ``repeat_result``).
     """
     if record is None:
         raise SessionNotFoundError(
@@ -507,13 +514,13 @@ def check_append(
         )
     if stored_event is not None:
         if events_equal(stored_event, request.event):
-            return True
+            return repeat_result(request, record.number, stored_seq)
         raise DuplicateEventError(
             f"session {request.session_id!r} already stores an event with id "
             f"{request.event_id!r} and other content"
         )
     if request.locked:
-        return False
+        return None
     if request.marker is not None:
         if request.marker != record.marker:
             raise StaleSessionError(
@@ -528,7 +535,38 @@ def check_append(
             f"session {request.session_id!r} has events this copy does not have: "
             "read it again before appending"
         )
-    return False
+    return None
+
+
+def repeat_result(request: AppendRequest, number: int, seq: int | None) -> AppendResult:
+    """Return the answer to a repeat: the event the session ``number`` stores at ``seq``.
+
+    When the stored event is the one right after the caller's copy (its
+    marker names this session and counts ``seq`` events), the caller lost
+    the reply of the append that stored it: the answer is the one that
+    append had, so that the live session is brought up to date with it
+    (the marker right after the event, in the form of the copy's marker,
+    and the event's time). A repeat further back, or from a copy without a
+    marker (built by hand: where it stands is not known), is returned
+    untouched and changes nothing.
+    """
+    marker = request.marker
+    if seq is None or marker is None or marker_position(marker) != (number, seq):
+        return AppendResult(None, duplicate=True)
+    # A marker read after a truncation carries its removed count: kept as it was.
+    removed = marker.split(":")[2:]
+    return AppendResult(":".join([str(number), str(seq + 1), *removed]), request.timestamp)
+
+
+def catch_up_repeat(
+    result: AppendResult, seq: int, stored_state: Callable[[], LoadedSession]
+) -> AppendResult:
+    """Fill a locked append's answer to a retry (``repeat_result``) as ``catch_up`` does.
+
+    The caller's copy holds every event before the retried one (its marker
+    says so): nothing is missed, and the event is the result's first, at ``seq``.
+    """
+    return catch_up(result, seq, lambda start: [], stored_state)
 
 
 def events_seen(

@@ -28,15 +28,18 @@ own two-fsync protocol, and the writes of all threads and tasks that queue
 while the disk syncs are committed in one transaction (group commit) by a
 calling thread or, for event loops, by the store's writer thread. With
 ``"deferred"`` writes commit in the caller's thread without fsync and a
-background thread syncs every ``flush_interval`` seconds and on ``flush()``.
+background thread syncs every ``flush_interval`` seconds and on ``flush()``;
+``close()`` syncs, and so does the interpreter's exit for a store left open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
 import fcntl
+import logging
 import math
 import mmap
 import os
@@ -47,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -153,6 +157,24 @@ def _note_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_note_fork)
+
+_log = logging.getLogger(__name__)
+
+# The deferred stores open in this process. A script that appends and ends
+# without close() would leave what it wrote since the last sync to the
+# kernel's write-back: ``_flush_at_exit`` syncs them when the interpreter
+# exits. Weak, and close() takes a store out: the set never keeps one alive.
+_deferred_open: weakref.WeakSet[LmdbStore] = weakref.WeakSet()
+
+
+def _flush_at_exit() -> None:
+    """Sync every deferred store still open; a failure is logged, the others still sync."""
+    for store in list(_deferred_open):
+        store._sync_at_exit()
+
+
+# Registered after logging's own exit handler, so it runs before logging shuts down.
+atexit.register(_flush_at_exit)
 
 
 if TYPE_CHECKING:
@@ -271,6 +293,7 @@ class LmdbStore:
                 target=self._sync_loop, name="sessionscope-lmdb-syncer", daemon=True
             )
             self._syncer.start()
+            _deferred_open.add(self)
         # Expires idle sessions at open and then periodically, with session_ttl.
         self.session_ttl = ttl
         self._expirer = Expirer(self, ttl) if ttl is not None else None
@@ -1572,6 +1595,7 @@ class LmdbStore:
         """
         if self._closed:
             return
+        _deferred_open.discard(self)
         if self._pid != _process_pid:
             self._closed = True
             return
@@ -1600,6 +1624,24 @@ class LmdbStore:
         self._gate.exclusive(self._release)
         # After LMDB: closing the lock file drops this process's locks on it.
         self._writer_lock.close()
+
+    def _sync_at_exit(self) -> None:
+        """Sync a deferred store left open when the interpreter exits; log a failure.
+
+        Runs in the exiting thread rather than through the syncer, which is
+        a daemon thread: nothing at exit should wait on another thread.
+        """
+        if self._closed or self._pid != _process_pid:
+            return
+        try:
+            with self._gate:
+                if self._released:
+                    return
+                self._env.sync(True)
+        except Exception:  # an exit handler must not raise: the others still run
+            _log.exception("syncing the deferred store at %s at exit failed", self.path)
+            return
+        _log.debug("synced the deferred store at %s at exit", self.path)
 
     def _release(self) -> None:
         self._released = True

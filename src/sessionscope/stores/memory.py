@@ -29,6 +29,7 @@ from .base import (
     SessionCopy,
     SessionRecord,
     catch_up,
+    catch_up_repeat,
     check_append,
     check_copy,
     check_ttl,
@@ -212,12 +213,17 @@ class MemoryStore:
     def _append(self, request: AppendRequest) -> AppendResult:
         stored = self._find(request.app_name, request.user_id, request.session_id)
         record = stored.record if stored is not None else None
-        seen = None
+        seen = seq = None
         if stored is not None:
             position = stored.position(request.event_id)
-            seen = None if position is None else stored.events[position]
-        if check_append(record, request, seen):
-            return AppendResult(None, duplicate=True)
+            if position is not None:
+                seen, seq = stored.events[position], stored.seqs[position]
+        repeat = check_append(record, request, seen, seq)
+        if repeat is not None:
+            if request.catch_up and not repeat.duplicate:
+                assert stored is not None and seq is not None
+                return catch_up_repeat(repeat, seq, lambda: self._loaded(stored, []))
+            return repeat
         assert stored is not None and record is not None
         known = events_seen(request, record, stored.event_index.get) if request.catch_up else None
         count_before = len(stored.events)

@@ -79,13 +79,16 @@ from .base import (
     LoadedSession,
     SessionCopy,
     SessionRecord,
+    catch_up_repeat,
     check_append,
     check_copy,
     check_ttl,
     copies_equal,
     event_copy,
     list_position,
+    marker_position,
     page_records,
+    repeat_result,
     result_of_batch,
 )
 
@@ -106,7 +109,7 @@ FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_5"
+LIBRARY = "sessionscope_6"
 _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
@@ -690,12 +693,19 @@ class _Operations:
             return AppendResult(around[0] + str(reply) + around[1], float(request.timestamp))
         status = reply[0]
         if status == b"dup":
-            return AppendResult(None, duplicate=True)
+            # The stored event's position (None for one of this call): a
+            # retry after a lost reply answers as the append did.
+            seq = reply[1] if len(reply) > 1 else None
+            if seq is None or not around[0]:
+                return AppendResult(None, duplicate=True)
+            return repeat_result(request, int(around[0][:-1]), int(seq))
         if status == b"no":
             record = _record(reply[1]) if reply[1] else None
-            if check_append(record, request, reply[2]):
+            seq = reply[3] if len(reply) > 3 else None
+            repeat = check_append(record, request, reply[2], None if seq is None else int(seq))
+            if repeat is not None:
                 # Stored with other bytes but equal content: a repeat.
-                return AppendResult(None, duplicate=True)
+                return repeat
             raise StoreError(
                 "the server refused an append the client would accept",
                 hint="the function library and the client disagree: report this as a bug",
@@ -740,6 +750,16 @@ class _Operations:
         if self.cluster and pending:
             yield from self._finish_pending(request.app_name, request.user_id, pending)
         result = self._result(request, results[0], _marker_parts(marker))
+        if request.catch_up and not result.duplicate and result.stored_state is None:
+            # A locked retry after a lost reply (see repeat_result): the maps as stored now.
+            loaded = yield from self.load(
+                request.app_name, request.user_id, request.session_id, 0, None
+            )
+            if loaded is None:
+                return AppendResult(None, duplicate=True)
+            position = marker_position(result.marker)
+            assert position is not None
+            return catch_up_repeat(result, position[1] - 1, lambda: loaded)
         if self.cluster and result.stored_state is not None:
             (astate,) = yield [("HGETALL", self.keys.app(request.app_name)[0])]
             result.stored_state.app_state = decode_values(_pairs(astate))

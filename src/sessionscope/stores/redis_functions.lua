@@ -1,5 +1,5 @@
-#!lua name=sessionscope_5
--- The server side of sessionscope's Redis store (library version 5).
+#!lua name=sessionscope_6
+-- The server side of sessionscope's Redis store (library version 6).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -460,7 +460,8 @@ end
 -- request_parts). Returns the result and where the next request starts. An accepted append
 -- without catch-up is the session's event count after it (the client builds
 -- the marker from it, and the time is the one it sent); the other results
--- are tables: {'dup'}, {'no', record, stored event} or a catch-up's.
+-- are tables: {'dup', position}, {'no', record, stored event, position} or
+-- a catch-up's (position: the stored event's, false for none or one of this call).
 local function append_one(call, s, args, pos)
     -- Keys (see open_session) are looked up where a path needs them: most
     -- requests take none of those paths.
@@ -473,21 +474,23 @@ local function append_one(call, s, args, pos)
         return {'no', false, false}, after
     end
     -- An id this call already appended: its event is still among the arguments.
-    local found, stored = false, false
+    local found, stored, seq = false, false, false
     local at = s.new_at[event_id]
     if at then
         found, stored = true, args[at]
     else
-        local seq = s.stored_seq[event_id]
+        seq = s.stored_seq[event_id] or false
         if seq then
             found, stored = true, redis.call('HGET', keys[2], seq)
         end
     end
     if found then
+        -- With the stored event's position (false for one of this call): the
+        -- client tells a retry after a lost reply (see check_append).
         if stored == event then
-            return {'dup'}, after
+            return {'dup', seq}, after
         end
-        refusal = {'no', false, stored}
+        refusal = {'no', false, stored, seq}
     elseif bit.band(flags, LOCKED) == 0 then
         if bit.band(flags, HAS_MARKER) ~= 0 then
             if args[caller] ~= marker_of(number, s.count, s.removed) then
@@ -1036,13 +1039,13 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_5_append', append)
-redis.register_function('sessionscope_5_create', create)
-redis.register_function{function_name = 'sessionscope_5_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_5_delete', delete)
-redis.register_function('sessionscope_5_truncate', truncate)
-redis.register_function('sessionscope_5_restore', restore)
-redis.register_function('sessionscope_5_apply', apply)
-redis.register_function('sessionscope_5_clear', clear)
-redis.register_function('sessionscope_5_prune', prune)
-redis.register_function{function_name = 'sessionscope_5_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_6_append', append)
+redis.register_function('sessionscope_6_create', create)
+redis.register_function{function_name = 'sessionscope_6_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_6_delete', delete)
+redis.register_function('sessionscope_6_truncate', truncate)
+redis.register_function('sessionscope_6_restore', restore)
+redis.register_function('sessionscope_6_apply', apply)
+redis.register_function('sessionscope_6_clear', clear)
+redis.register_function('sessionscope_6_prune', prune)
+redis.register_function{function_name = 'sessionscope_6_noop', callback = noop, flags = {'no-writes'}}
