@@ -63,6 +63,7 @@ __all__ = [
     "DumpCounts",
     "check_dump",
     "export_dump",
+    "holds_only_dump",
     "import_dump",
     "read_copy",
 ]
@@ -290,6 +291,42 @@ def check_dump(source: str | os.PathLike[str]) -> DumpCounts:
     it creates the store to import it into. A bad dump is a ``DumpError``.
     """
     return _check(None, Path(source))
+
+
+def holds_only_dump(store: Store, source: str | os.PathLike[str]) -> bool:
+    """Tell whether everything a store holds is from a dump: how a failed import tells its own.
+
+    Every stored session must equal the dump's copy of it, and every app
+    and user state key hold the dump's value. A session or key written by
+    anyone else (another process that opened the store meanwhile) makes it
+    False, and so does a dump that no longer reads.
+    """
+    apps = {app: store.read_app_state(app) for app in store.list_apps()}
+    stored_sessions = sum(len(store.list_sessions(app, None)) for app in apps)
+    users = {(app, user): store.read_user_state(app, user) for app in apps
+             for user in store.list_users(app)}  # fmt: skip
+    matched = 0
+    try:
+        for item in _items(Path(source)):
+            if item[0] == "app":
+                state = apps.get(item[1], {})
+            elif item[0] == "user":
+                state = users.get((item[1], item[2]), {})
+            else:
+                copy: SessionCopy = item[1]
+                stored = read_copy(store, copy.app_name, copy.user_id, copy.session_id)
+                if stored is not None:
+                    if not copies_equal(stored, copy):
+                        return False
+                    matched += 1
+                continue
+            for key, value in item[-1]:
+                if key in state and pack(state.pop(key)) != value:
+                    return False
+    except DumpError:
+        return False
+    leftover = any(apps.values()) or any(users.values())
+    return matched == stored_sessions and not leftover
 
 
 def _check(store: Store | None, path: Path) -> DumpCounts:
