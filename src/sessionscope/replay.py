@@ -33,7 +33,7 @@ from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
 from .stores import open_store
-from .trace import Expectation, load_trace
+from .trace import Expectation, TraceError, check_record, load_trace
 
 if TYPE_CHECKING:
     from .stores.base import AppendBatch, BatchResult
@@ -561,16 +561,36 @@ class ReplayResult:
 
 
 def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """Turn records into the target's calls, before the clock starts."""
+    """Turn records into the target's calls, before the clock starts.
+
+    Each record is checked as a trace line is (``check_record``), and the
+    sessions it names as a replay needs them: an append goes to a session
+    the trace created and has not deleted, a create to one it has not. A
+    record that fails is a TraceError naming its position.
+    """
     calls: list[tuple[Any, ...]] = []
-    for record in records:
+    live: set[Key] = set()
+    for number, record in enumerate(records, start=1):
+        where = f"record {number}"
+        check_record(record, where)
         op = record["op"]
         if op == "append":
             key = (record["app"], record["user"], record["session"])
+            if key not in live:
+                raise TraceError(f"{where}: append to a session the trace has not created")
             delta = (record["event"].get("actions") or {}).get("state_delta")
-            calls.append(("append", key, target.make_event(record["event"]), record["event"],
+            try:
+                event = target.make_event(record["event"])
+            except (TypeError, ValueError) as error:
+                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise TraceError(f"{where}: append's event is not one: {message}") from None
+            calls.append(("append", key, event, record["event"],
                           _shared_keys(key[0], key[1], delta)))  # fmt: skip
         elif op == "create":
+            key = (record["app"], record["user"], record["session"])
+            if key in live:
+                raise TraceError(f"{where}: create of a session the trace created already")
+            live.add(key)
             state = record.get("state")
             calls.append(("create", record["app"], record["user"], record["session"], state,
                           _shared_keys(record["app"], record["user"], state)))  # fmt: skip
@@ -581,6 +601,7 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         elif op == "list":
             calls.append(("list", record["app"], record.get("user")))
         else:
+            live.discard((record["app"], record["user"], record["session"]))
             calls.append(("delete", record["app"], record["user"], record["session"]))
     return calls
 
