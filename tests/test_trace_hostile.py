@@ -87,7 +87,7 @@ def test_replay_checks_the_records_it_is_given() -> None:
     for records in bad:
         target = NativeTarget("memory://")
         try:
-            with pytest.raises(TraceError, match="record [12]: "):
+            with pytest.raises(TraceError, match=r"record [12]: "):
                 replay(target, records, progress=False)
         finally:
             target.close()
@@ -124,7 +124,9 @@ def _records(draw: st.DrawFn) -> dict[str, Any]:
     return result
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(lines=st.lists(st.one_of(_records().map(json.dumps), st.text(max_size=30)), max_size=4))
 def test_only_trace_errors_escape_load_and_replay(tmp_path: Path, lines: list[str]) -> None:
     lines = [line.replace("\n", " ") for line in lines]

@@ -279,9 +279,7 @@ def import_dump(
             handled = 1 + len(copy.events)
         if progress is not None:
             progress(handled)
-    return replace(
-        counts, skipped_sessions=skipped_sessions, skipped_events=skipped_events
-    )
+    return replace(counts, skipped_sessions=skipped_sessions, skipped_events=skipped_events)
 
 
 def check_dump(source: str | os.PathLike[str]) -> DumpCounts:
@@ -439,7 +437,9 @@ def _session(reader: _Reader, record: list[Any]) -> SessionCopy:
     _time(reader, updated, f"a last update time in {where}")
     if count < 0:
         raise reader.error(f"has a negative event count in {where}")
-    copy = SessionCopy(app, user, sid, created, updated, _items_of(reader, state, Scope.SESSION, where))
+    copy = SessionCopy(
+        app, user, sid, created, updated, _items_of(reader, state, Scope.SESSION, where)
+    )
     for _ in range(count):
         event = reader.next("an event")
         if not (

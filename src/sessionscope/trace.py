@@ -302,8 +302,7 @@ def check_record(record: Any, where: str = "record") -> None:
     if op == "create":
         _need_map(record.get("state"), f"{where}: create's state", optional=True)
     elif op == "append":
-        event = record.get("event")
-        _need_map(event, f"{where}: append's event")
+        event: dict[str, Any] = _need_map(record.get("event"), f"{where}: append's event")
         if not isinstance(event.get("id"), str) or not event["id"]:
             raise TraceError(f"{where}: append's event needs an id (a non-empty string)")
         stamp = event.get("timestamp")
@@ -326,9 +325,10 @@ def check_record(record: Any, where: str = "record") -> None:
                 raise TraceError(f"{where}: get's config: {error}") from None
 
 
-def _need_map(value: Any, what: str, optional: bool = False) -> None:
+def _need_map(value: Any, what: str, optional: bool = False) -> Any:
+    """Return a value that is a JSON object (or None where optional); TraceError otherwise."""
     if isinstance(value, dict) or (optional and value is None):
-        return
+        return value
     raise TraceError(f"{what} must be an object, not {type(value).__name__}")
 
 
