@@ -305,8 +305,8 @@ def check_record(record: Any, where: str = "record") -> None:
         event: dict[str, Any] = _need_map(record.get("event"), f"{where}: append's event")
         if not isinstance(event.get("id"), str) or not event["id"]:
             raise TraceError(f"{where}: append's event needs an id (a non-empty string)")
-        stamp = event.get("timestamp")
-        if stamp is not None and (isinstance(stamp, bool) or not isinstance(stamp, (int, float))):
+        stamp = event.get("timestamp", 0.0)
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
             raise TraceError(f"{where}: append's event.timestamp must be a number")
         actions = event.get("actions")
         _need_map(actions, f"{where}: append's event.actions", optional=True)
