@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from _stores import child_env
 from sessionscope.replay import NativeTarget, replay
-from sessionscope.trace import FORMAT, VERSION, TraceError, load_trace
+from sessionscope.trace import FORMAT, MAX_LINE_CHARS, VERSION, TraceError, load_trace
 
 HEADER = json.dumps({"format": FORMAT, "version": VERSION})
 CREATE = {"op": "create", "app": "a", "user": "u", "session": "s", "state": {"k": 1}}
@@ -92,6 +93,41 @@ def test_replay_checks_the_records_it_is_given() -> None:
                 replay(target, records, progress=False)
         finally:
             target.close()
+
+
+_MEASURE = """
+import json, resource, sys
+from sessionscope.trace import TraceError, load_trace
+try:
+    load_trace(sys.argv[1])
+    outcome = "loaded"
+except TraceError as error:
+    outcome = str(error)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"outcome": outcome, "peak": peak}))
+"""
+
+
+def test_a_small_gz_holding_a_huge_line_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.write(HEADER + "\n" + json.dumps(CREATE)[:-2] + ', "big": "')
+        for _ in range(256):
+            file.write("a" * (1 << 20))
+        file.write('"}\n')
+    assert path.stat().st_size < 1 << 20
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert f"long.jsonl.gz:2: longer than {MAX_LINE_CHARS:,} characters" in result["outcome"]
+    assert result["peak"] < 160 << 20, result
 
 
 # -- fuzzing: only TraceError escapes ------------------------------------------------

@@ -27,7 +27,7 @@ record says another id or time, state values that are not storable), and
 read within per-record limits, so that refusing any file costs bounded memory
 and time: one record is at most ``MAX_RECORD_BYTES`` of msgpack, one state
 map at most ``MAX_STATE_KEYS`` keys, one value at most ``core.MAX_DEPTH``
-levels deep. A store never writes a record near those limits.
+levels deep; an export refuses a store with a record over them.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ MAGIC = "sessionscope-dump"
 _GZIP_MAGIC = b"\x1f\x8b"
 # The largest single record (an event, or a session with its state map) a
 # dump may hold, in msgpack bytes: reading stops at the first record over it,
-# before it is held whole.
-MAX_RECORD_BYTES = 64 << 20
+# before it is held whole (refusing one costs about twice this in memory, the
+# reader's buffer growing), and an export refuses to write one.
+MAX_RECORD_BYTES = 32 << 20
 # The most keys one state map of a dump may hold.
 MAX_STATE_KEYS = 1 << 20
 # The longest record array: a session record has 8 fields.
@@ -183,6 +184,13 @@ class _Writer:
 
     def write(self, record: list[Any]) -> None:
         data = pack(record)
+        if len(data) > MAX_RECORD_BYTES:
+            # Refused now rather than by every import of the dump.
+            what = " ".join(repr(field)[:80] for field in record[:4] if isinstance(field, str))
+            raise DumpError(
+                f"cannot dump {what}: its record is {len(data):,} bytes, over the "
+                f"{MAX_RECORD_BYTES:,} a dump holds"
+            )
         self._hash.update(data)
         self._file.write(data)
         self._records += 1

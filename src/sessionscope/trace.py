@@ -65,7 +65,7 @@ VERSION = 1
 OPS = ("create", "append", "get", "list", "delete")
 # The longest line a trace may hold, in characters: reading refuses a longer
 # one before parsing it (an event of a real session is far smaller).
-MAX_LINE_CHARS = 64 << 20
+MAX_LINE_CHARS = 32 << 20
 _CONFIG_KEYS = ("num_recent_events", "after_timestamp")
 _SESSION_OPS = ("create", "append", "get", "delete")
 
