@@ -352,11 +352,12 @@ def _replay(args: argparse.Namespace) -> int:
             keep_gc=args.keep_gc,
         )
     except (SessionscopeError, ValueError, TypeError) as error:
-        print(
-            f"sessionscope: replay failed: {type(error).__name__}: {error}\n"
-            "(replay into a new, empty store: a trace creates its sessions)",
-            file=sys.stderr,
-        )
+        from .errors import AlreadyExistsError
+
+        hint = ""
+        if isinstance(error, AlreadyExistsError):
+            hint = " (replay into a new, empty store: a trace creates its sessions)"
+        _fail(args.command, f"replay failed: {type(error).__name__}: {error}{hint}")
         return 1
     finally:
         target.close()

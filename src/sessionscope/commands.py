@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import sys
 import time
@@ -632,25 +631,105 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    """Load a dump into a store (created if missing); a bad dump changes nothing."""
-    from .dump import import_dump
+    """Load a dump into a store (created if missing); a bad dump changes nothing.
+
+    The whole dump is checked before a new store is created for it. Should
+    the import fail after that, only the files this command created go, and
+    only while no other process has the store open nor wrote to it.
+    """
+    from .dump import check_dump, holds_only_dump, import_dump
 
     source = Path(args.source)
     if not source.is_file():
         raise UsageError(f"{source} {'is not a file' if source.exists() else 'does not exist'}")
     path = lmdb_path(args.uri)
-    created = path is not None and not path.exists()
+    created: list[Path] = []
+    if path is not None and not (path / "data.mdb").exists():
+        check_dump(source)
+        # What this command creates, so that a failure removes that and no more.
+        created = [p for p in (path, path / "data.mdb", path / "lock.mdb") if not p.exists()]
+    last_write: int | None = None
     try:
         with opened(args.uri, existing=False) as store, _progress(args, None, "import") as bar:
-            counts = import_dump(store, source, progress=_advance(bar))
+            try:
+                counts = import_dump(store, source, progress=_advance(bar))
+            except BaseException:
+                if created and isinstance(store, LmdbStore):
+                    # The last commit first, then what the store holds: a
+                    # commit by another process is in one or the other.
+                    last = store.stat()["last_txnid"]
+                    if holds_only_dump(store, source):
+                        last_write = last
+                raise
     except BaseException:
-        # A refused dump leaves no store behind where there was none.
-        if created and path is not None and path.is_dir():
-            shutil.rmtree(path)
+        if created and path is not None:
+            _remove_created(path, created, last_write)
         raise
-    document = {"uri": args.uri, "source": str(source), **_counts(counts)}
-    _emit(args, document, lambda: _counts_text(f"imported from {source}", _counts(counts)))
+    fields = _counts(counts)
+    skipped = {"sessions": fields.pop("skipped_sessions"), "events": fields.pop("skipped_events")}
+    imported = {"sessions": counts.sessions - skipped["sessions"]}
+    imported["events"] = counts.events - skipped["events"]
+    document = {
+        "uri": args.uri,
+        "source": str(source),
+        **fields,
+        "imported": imported,
+        "skipped": skipped,
+    }
+
+    def text() -> str:
+        rows = {
+            "apps": counts.apps,
+            "users": counts.users,
+            "sessions in the dump": counts.sessions,
+            "events in the dump": counts.events,
+            "sessions imported": imported["sessions"],
+            "events imported": imported["events"],
+            "sessions skipped (stored already, equal)": skipped["sessions"],
+            "events skipped (stored already, equal)": skipped["events"],
+        }
+        return _counts_text(f"imported from {source}", rows)
+
+    _emit(args, document, text)
     return 0
+
+
+def _remove_created(path: Path, created: list[Path], last_write: int | None) -> None:
+    """Remove the files an import created in a new store, unless another process used it.
+
+    ``last_write`` is LMDB's last transaction id when the import failed, given
+    only if the store then held nothing but the dump's sessions and state
+    (None otherwise: the store is kept). Another process that has the store
+    open holds LMDB's lock: taking that lock exclusively proves there is none,
+    and keeps any from opening it while the files go. A last transaction id
+    still ``last_write`` proves that nobody wrote since.
+    """
+    import lmdb
+
+    from .stores.lmdb import _sole_user
+
+    if last_write is None or not (path / "data.mdb").is_file():
+        # Nothing of a store was made (or it cannot be told whose it is).
+        if path in created and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        return
+    try:
+        with _sole_user(path):
+            env = lmdb.open(str(path), readonly=True, lock=False)
+            try:
+                untouched = env.info()["last_txnid"] == last_write
+            finally:
+                env.close()
+            if not untouched:
+                return
+            for file in created[::-1]:
+                if file.is_file():
+                    file.unlink()
+                elif file.is_dir() and not any(file.iterdir()):
+                    file.rmdir()
+    except (OSError, lmdb.Error, SessionscopeError):
+        # In use by another process, or unreadable: kept as it is.
+        return
 
 
 def migrate_command(args: argparse.Namespace) -> int:

@@ -20,6 +20,14 @@ that no session in it conflicts with one stored) before writing anything; a
 truncated, altered or newer dump is a ``DumpError`` and the store stays as it
 was. Importing a dump twice is a no-op: equal sessions are skipped and state
 keys are set to the values they already hold.
+
+A dump comes from outside: it is checked for everything the service would
+refuse (ids, keys in the wrong scope, times that are not finite, events whose
+record says another id or time, state values that are not storable), and
+read within per-record limits, so that refusing any file costs bounded memory
+and time: one record is at most ``MAX_RECORD_BYTES`` of msgpack, one state
+map at most ``MAX_STATE_KEYS`` keys, one value at most ``core.MAX_DEPTH``
+levels deep; an export refuses a store with a record over them.
 """
 
 from __future__ import annotations
@@ -27,34 +35,70 @@ from __future__ import annotations
 import gzip
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
 
-from .codec import pack
+from .codec import decode_event, pack, unpack
+from .core import TEMP_PREFIX, Scope, check_storable, scope_of
 from .errors import DumpError
-from .stores.base import EventCopy, SessionCopy, Store, copies_equal, event_copy
+from .service import check_id, check_session_id
+from .stores.base import (
+    EventCopy,
+    SessionCopy,
+    Store,
+    check_copy,
+    copies_equal,
+    event_copy,
+    finite_float,
+)
 
-__all__ = ["DUMP_FORMAT", "DumpCounts", "export_dump", "import_dump", "read_copy"]
+__all__ = [
+    "DUMP_FORMAT",
+    "MAX_RECORD_BYTES",
+    "MAX_STATE_KEYS",
+    "DumpCounts",
+    "check_dump",
+    "export_dump",
+    "holds_only_dump",
+    "import_dump",
+    "read_copy",
+]
 
 DUMP_FORMAT = 1
+# The formats this version reads.
+_KNOWN_FORMATS = (1,)
 MAGIC = "sessionscope-dump"
 _GZIP_MAGIC = b"\x1f\x8b"
-# The largest single record (an event or a state map) a dump may hold.
-_MAX_RECORD = 1 << 30
+# The largest single record (an event, or a session with its state map) a
+# dump may hold, in msgpack bytes: reading stops at the first record over it,
+# before it is held whole (refusing one costs about twice this in memory, the
+# reader's buffer growing), and an export refuses to write one.
+MAX_RECORD_BYTES = 32 << 20
+# The most keys one state map of a dump may hold.
+MAX_STATE_KEYS = 1 << 20
+# The longest record array: a session record has 8 fields.
+_MAX_FIELDS = 16
 
 
 @dataclass(frozen=True, slots=True)
 class DumpCounts:
-    """How many of each thing a dump holds (or an export wrote)."""
+    """How many of each thing a dump holds (or an export wrote).
+
+    An import also says how many of the dump's sessions (and their events)
+    it skipped, because an equal copy was already stored: importing a dump
+    a second time skips them all.
+    """
 
     apps: int = 0
     users: int = 0
     sessions: int = 0
     events: int = 0
+    skipped_sessions: int = 0
+    skipped_events: int = 0
 
 
 def read_copy(store: Store, app_name: str, user_id: str, session_id: str) -> SessionCopy | None:
@@ -140,6 +184,13 @@ class _Writer:
 
     def write(self, record: list[Any]) -> None:
         data = pack(record)
+        if len(data) > MAX_RECORD_BYTES:
+            # Refused now rather than by every import of the dump.
+            what = " ".join(repr(field)[:80] for field in record[:4] if isinstance(field, str))
+            raise DumpError(
+                f"cannot dump {what}: its record is {len(data):,} bytes, over the "
+                f"{MAX_RECORD_BYTES:,} a dump holds"
+            )
         self._hash.update(data)
         self._file.write(data)
         self._records += 1
@@ -220,6 +271,7 @@ def import_dump(
     """
     path = Path(source)
     counts = _check(store, path)
+    skipped_sessions = skipped_events = 0
     for item in _items(path):
         if item[0] == "app":
             store.write_app_state(item[1], item[2]).result()
@@ -229,14 +281,61 @@ def import_dump(
             handled = 1
         else:
             copy: SessionCopy = item[1]
-            store.restore_session(copy).result()
+            if not store.restore_session(copy).result():
+                skipped_sessions += 1
+                skipped_events += len(copy.events)
             handled = 1 + len(copy.events)
         if progress is not None:
             progress(handled)
-    return counts
+    return replace(counts, skipped_sessions=skipped_sessions, skipped_events=skipped_events)
 
 
-def _check(store: Store, path: Path) -> DumpCounts:
+def check_dump(source: str | os.PathLike[str]) -> DumpCounts:
+    """Read a whole dump and check it as ``import_dump`` does; return the counts it holds.
+
+    Nothing is opened but the file: a command checks a dump with this before
+    it creates the store to import it into. A bad dump is a ``DumpError``.
+    """
+    return _check(None, Path(source))
+
+
+def holds_only_dump(store: Store, source: str | os.PathLike[str]) -> bool:
+    """Tell whether everything a store holds is from a dump: how a failed import tells its own.
+
+    Every stored session must equal the dump's copy of it, and every app
+    and user state key hold the dump's value. A session or key written by
+    anyone else (another process that opened the store meanwhile) makes it
+    False, and so does a dump that no longer reads.
+    """
+    apps = {app: store.read_app_state(app) for app in store.list_apps()}
+    stored_sessions = sum(len(store.list_sessions(app, None)) for app in apps)
+    users = {(app, user): store.read_user_state(app, user) for app in apps
+             for user in store.list_users(app)}  # fmt: skip
+    matched = 0
+    try:
+        for item in _items(Path(source)):
+            if item[0] == "app":
+                state = apps.get(item[1], {})
+            elif item[0] == "user":
+                state = users.get((item[1], item[2]), {})
+            else:
+                copy: SessionCopy = item[1]
+                stored = read_copy(store, copy.app_name, copy.user_id, copy.session_id)
+                if stored is not None:
+                    if not copies_equal(stored, copy):
+                        return False
+                    matched += 1
+                continue
+            for key, value in item[-1]:
+                if key in state and pack(state.pop(key)) != value:
+                    return False
+    except DumpError:
+        return False
+    leftover = any(apps.values()) or any(users.values())
+    return matched == stored_sessions and not leftover
+
+
+def _check(store: Store | None, path: Path) -> DumpCounts:
     """Read the whole dump once; refuse it, with what is wrong, before anything is written."""
     apps: set[str] = set()
     users = sessions = events = 0
@@ -250,6 +349,8 @@ def _check(store: Store, path: Path) -> DumpCounts:
             copy: SessionCopy = item[1]
             sessions += 1
             events += len(copy.events)
+            if store is None:
+                continue
             stored = read_copy(store, copy.app_name, copy.user_id, copy.session_id)
             if stored is not None and not copies_equal(stored, copy):
                 raise DumpError(
@@ -278,8 +379,11 @@ def _items(path: Path) -> Iterator[tuple[Any, ...]]:
                 f"has format {version}; this version reads up to {DUMP_FORMAT} "
                 "(upgrade sessionscope)"
             )
+        if version not in _KNOWN_FORMATS:
+            raise reader.error(f"has format {version}, which no version of sessionscope writes")
         sessions = events = users = 0
         app_names: set[str] = set()
+        seen: set[tuple[str, str, str]] = set()
         while True:
             record = reader.next("a record or the trailer")
             kind = record[0] if isinstance(record, list) and record else None
@@ -287,38 +391,109 @@ def _items(path: Path) -> Iterator[tuple[Any, ...]]:
                 _check_trailer(reader, record, app_names, users, sessions, events)
                 return
             if kind == "app" and _shape(record, str, str, dict):
-                app_names.add(record[1])
-                yield ("app", record[1], _items_of(reader, record[2]))
-            elif kind == "user" and _shape(record, str, str, str, dict):
-                app_names.add(record[1])
-                users += 1
-                yield ("user", record[1], record[2], _items_of(reader, record[3]))
-            elif kind == "session" and _shape(record, str, str, str, str, float, float, dict, int):
-                _, app, user, sid, created, updated, state, count = record
-                copy = SessionCopy(app, user, sid, created, updated, _items_of(reader, state))
-                for _ in range(count):
-                    event = reader.next("an event")
-                    if not (
-                        isinstance(event, list)
-                        and event[:1] == ["event"]
-                        and _shape(event, str, str, float, bytes)
-                    ):
-                        raise reader.error(f"has a bad event record in session {sid!r}")
-                    try:
-                        stored_id = event_copy(event[3], event[2]).event_id
-                    except Exception:
-                        stored_id = None
-                    if stored_id != event[1]:
-                        raise reader.error(f"has an event record that does not match in {sid!r}")
-                    copy.events.append(EventCopy(event[1], event[2], event[3]))
-                sessions += 1
-                events += count
+                app = _id(reader, record[1], "app_name")
                 app_names.add(app)
+                yield ("app", app, _items_of(reader, record[2], None, f"app {app!r}"))
+            elif kind == "user" and _shape(record, str, str, str, dict):
+                app = _id(reader, record[1], "app_name")
+                user = _id(reader, record[2], "user_id")
+                app_names.add(app)
+                users += 1
+                where = f"user {user!r} of app {app!r}"
+                yield ("user", app, user, _items_of(reader, record[3], None, where))
+            elif kind == "session" and _shape(record, str, str, str, str, float, float, dict, int):
+                copy = _session(reader, record)
+                key = (copy.app_name, copy.user_id, copy.session_id)
+                if key in seen:
+                    raise reader.error(f"holds session {copy.session_id!r} twice")
+                seen.add(key)
+                sessions += 1
+                events += len(copy.events)
+                app_names.add(copy.app_name)
                 yield ("session", copy)
             else:
-                raise reader.error(f"has a record it cannot read: {str(record)[:80]}")
+                raise reader.error(f"has a record it cannot read: {_describe(record)}")
     finally:
         reader.close()
+
+
+def _id(reader: _Reader, value: str, name: str) -> str:
+    """Return an id the service would take as it is (stripped, within limits), or refuse it."""
+    try:
+        checked = check_session_id(value) if name == "session_id" else check_id(value, name)
+    except ValueError as error:
+        raise reader.error(f"has a bad {name}: {_cut(str(error))}") from None
+    if checked != value:
+        raise reader.error(f"has a {name} with surrounding whitespace: {_cut(repr(value))}")
+    return value
+
+
+def _time(reader: _Reader, value: float, what: str) -> float:
+    if finite_float(value) is None:
+        raise reader.error(f"has {what} {value!r}: a time must be a finite number")
+    return value
+
+
+def _session(reader: _Reader, record: list[Any]) -> SessionCopy:
+    """Return the copy a session record and its event records describe, each checked."""
+    _, app, user, sid, created, updated, state, count = record
+    _id(reader, app, "app_name")
+    _id(reader, user, "user_id")
+    _id(reader, sid, "session_id")
+    where = f"session {sid!r}"
+    _time(reader, created, f"a create time in {where}")
+    _time(reader, updated, f"a last update time in {where}")
+    if count < 0:
+        raise reader.error(f"has a negative event count in {where}")
+    copy = SessionCopy(
+        app, user, sid, created, updated, _items_of(reader, state, Scope.SESSION, where)
+    )
+    for _ in range(count):
+        event = reader.next("an event")
+        if not (
+            isinstance(event, list)
+            and event[:1] == ["event"]
+            and _shape(event, str, str, float, bytes)
+        ):
+            raise reader.error(f"has a bad event record in {where}")
+        copy.events.append(_event(reader, event, where))
+    try:
+        check_copy(copy)
+    except ValueError as error:
+        raise reader.error(f"has {_cut(str(error))}") from None
+    return copy
+
+
+def _event(reader: _Reader, event: list[Any], where: str) -> EventCopy:
+    """Return an event record's copy: its id and time are those its record says."""
+    _, event_id, stamp, data = event
+    _id(reader, event_id, "event.id")
+    _time(reader, stamp, f"an event time in {where}")
+    try:
+        fields = decode_event(data)
+    except Exception:
+        raise reader.error(f"has an event record that does not decode in {where}") from None
+    if not isinstance(fields, dict):
+        raise reader.error(f"has an event record that is not a map in {where}")
+    if fields.get("id") != event_id:
+        raise reader.error(f"has an event record that does not match in {where}: another id")
+    if finite_float(fields.get("timestamp")) != stamp:
+        raise reader.error(
+            f"has an event record that does not match in {where}: event {event_id!r} is "
+            f"dumped at {stamp!r} but its record says {_cut(repr(fields.get('timestamp')))}"
+        )
+    try:
+        check_storable(fields, "event")
+    except (TypeError, ValueError) as error:
+        raise reader.error(f"has an event {event_id!r} in {where}: {_cut(str(error))}") from None
+    actions = fields.get("actions")
+    delta = actions.get("state_delta") if isinstance(actions, dict) else None
+    if isinstance(delta, dict) and any(str(key).startswith(TEMP_PREFIX) for key in delta):
+        raise reader.error(
+            f"has an event {event_id!r} in {where} whose state delta keeps a {TEMP_PREFIX} key, "
+            "which the service never stores"
+        )
+    return EventCopy(event_id, stamp, data)
 
 
 def _shape(record: list[Any], *types: type) -> bool:
@@ -329,16 +504,59 @@ def _shape(record: list[Any], *types: type) -> bool:
     )
 
 
-def _items_of(reader: _Reader, mapping: dict[Any, Any]) -> list[tuple[str, bytes]]:
+def _items_of(
+    reader: _Reader, mapping: dict[Any, Any], scope: Scope | None, where: str
+) -> list[tuple[str, bytes]]:
+    """Return a state map's entries, each value decoded and checked as the service would.
+
+    ``scope`` SESSION: the keys of a session's own map, which are never
+    ``app:``, ``user:`` or ``temp:`` keys (the service routes those
+    elsewhere or drops them). App and user maps keep keys without prefix,
+    and any str is one.
+    """
     items = list(mapping.items())
     for key, value in items:
         if not isinstance(key, str) or not isinstance(value, bytes):
-            raise reader.error("has a state map that is not str -> packed bytes")
+            raise reader.error(f"has a state map in {where} that is not str -> packed bytes")
+        if scope is not None and scope_of(key) is not scope:
+            raise reader.error(
+                f"has the key {_cut(repr(key))} in the state of {where}: the service keeps "
+                f"{scope_of(key).value} keys elsewhere"
+            )
         try:
-            msgpack.unpackb(value, raw=False, strict_map_key=True)
+            decoded = unpack(value)
         except Exception:
-            raise reader.error(f"has a state value under {key!r} that does not decode") from None
+            raise reader.error(
+                f"has a state value under {_cut(repr(key))} in {where} that does not decode"
+            ) from None
+        try:
+            check_storable(decoded, "state")
+        except (TypeError, ValueError) as error:
+            raise reader.error(
+                f"has a state value under {_cut(repr(key))} in {where} the service would "
+                f"refuse: {_cut(str(error))}"
+            ) from None
     return items
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """Return text cut to a length an error line can carry, keeping both ends.
+
+    The end of a service error says what is wrong, after the path to it.
+    """
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + "..." + text[-half:]
+
+
+def _describe(record: Any) -> str:
+    """Say what a record is without building the text of all of it (it may be huge)."""
+    if isinstance(record, list):
+        head = record[0] if record else None
+        first = _cut(repr(head), 40) if isinstance(head, (str, int, float)) else type(head).__name__
+        return f"an array of {len(record)} starting with {first}"
+    return f"a {type(record).__name__}"
 
 
 def _check_trailer(
@@ -356,7 +574,7 @@ def _check_trailer(
         "records": reader.records - 1,
     }
     if counts != expected:
-        raise reader.error(f"holds {expected} but its trailer says {counts}")
+        raise reader.error(f"holds {expected} but its trailer says {_cut(repr(counts))}")
     if record[2] != digest:
         raise reader.error("fails its checksum: it was altered")
     if reader.more():
@@ -364,7 +582,13 @@ def _check_trailer(
 
 
 class _Reader:
-    """Read msgpack records from a dump file, hashing each one but the trailer."""
+    """Read msgpack records from a dump file, hashing each one but the trailer.
+
+    The unpacker refuses a record over ``MAX_RECORD_BYTES`` (or a map of
+    more than ``MAX_STATE_KEYS`` keys) as soon as its header says so, so a
+    small compressed file that inflates to a huge record costs no more than
+    one record's worth of memory to refuse.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -383,7 +607,12 @@ class _Reader:
             self._file,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=_MAX_RECORD,
+            max_buffer_size=MAX_RECORD_BYTES,
+            max_str_len=MAX_RECORD_BYTES,
+            max_bin_len=MAX_RECORD_BYTES,
+            max_array_len=_MAX_FIELDS,
+            max_map_len=MAX_STATE_KEYS,
+            max_ext_len=0,
         )
         self._hash = blake2b(digest_size=32)
         self._last: bytes | None = None
@@ -399,7 +628,15 @@ class _Reader:
         except StopIteration:
             raise self.error(f"ends early, where {expected} should be: it is truncated") from None
         except (ValueError, msgpack.UnpackException, OSError, EOFError) as error:
-            raise self.error(f"is damaged ({error})") from None
+            # BufferFull: a record longer than the buffer; "exceeds max_...": a
+            # header announcing more than a limit. Neither record was read whole.
+            if isinstance(error, msgpack.BufferFull) or "exceeds max_" in str(error):
+                raise self.error(
+                    f"holds a record over the limits of one ({MAX_RECORD_BYTES:,} bytes, "
+                    f"{MAX_STATE_KEYS:,} state keys, {_MAX_FIELDS} fields)"
+                ) from None
+            what = _cut(str(error)) or type(error).__name__
+            raise self.error(f"is damaged ({what})") from None
         if self._last is not None:
             self._hash.update(self._last)
         self._last = pack(record)

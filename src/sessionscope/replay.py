@@ -30,10 +30,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .console import Column, RichProgressBar, render_table
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
+from .errors import DuplicateEventError, StateValueError
 from .model import Event, EventActions, GetSessionConfig, Session
 from .service import SyncSessionService
 from .stores import open_store
-from .trace import Expectation, load_trace
+from .trace import Expectation, TraceError, check_record, load_trace
 
 if TYPE_CHECKING:
     from .stores.base import AppendBatch, BatchResult
@@ -561,16 +562,43 @@ class ReplayResult:
 
 
 def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """Turn records into the target's calls, before the clock starts."""
+    """Turn records into the target's calls, before the clock starts.
+
+    Each record is checked as a trace line is (``check_record``), and the
+    sessions it names as a replay needs them: an append goes to a session
+    the trace created and has not deleted, a create to one it has not. A
+    record that fails is a TraceError naming its position.
+    """
     calls: list[tuple[Any, ...]] = []
-    for record in records:
+    # The event records of each live session by id: one id twice with other
+    # content is an append the service refuses.
+    live: dict[Key, dict[str, Mapping[str, Any]]] = {}
+    for number, record in enumerate(records, start=1):
+        where = f"record {number}"
+        check_record(record, where)
         op = record["op"]
         if op == "append":
             key = (record["app"], record["user"], record["session"])
+            if key not in live:
+                raise TraceError(f"{where}: append to a session the trace has not created")
+            event_record = record["event"]
+            if not event_record.get("partial"):  # a partial event is never stored
+                seen = live[key].setdefault(event_record["id"], event_record)
+                if seen != event_record:
+                    raise TraceError(f"{where}: append of an event id stored with other content")
             delta = (record["event"].get("actions") or {}).get("state_delta")
-            calls.append(("append", key, target.make_event(record["event"]), record["event"],
+            try:
+                event = target.make_event(record["event"])
+            except (TypeError, ValueError) as error:
+                message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise TraceError(f"{where}: append's event is not one: {message}") from None
+            calls.append(("append", key, event, record["event"],
                           _shared_keys(key[0], key[1], delta)))  # fmt: skip
         elif op == "create":
+            key = (record["app"], record["user"], record["session"])
+            if key in live:
+                raise TraceError(f"{where}: create of a session the trace created already")
+            live[key] = {}
             state = record.get("state")
             calls.append(("create", record["app"], record["user"], record["session"], state,
                           _shared_keys(record["app"], record["user"], state)))  # fmt: skip
@@ -581,6 +609,7 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         elif op == "list":
             calls.append(("list", record["app"], record.get("user")))
         else:
+            live.pop((record["app"], record["user"], record["session"]), None)
             calls.append(("delete", record["app"], record["user"], record["session"]))
     return calls
 
@@ -620,9 +649,15 @@ def replay(
     collector is paused during the timed loop unless ``keep_gc``.
     """
     calls = _prepare(target, records)
-    with collector_paused(not keep_gc):
-        return _replay(target, records, calls, batch, verify_result, progress, stream,
-                       on_append, budget_s)  # fmt: skip
+    try:
+        with collector_paused(not keep_gc):
+            return _replay(target, records, calls, batch, verify_result, progress, stream,
+                           on_append, budget_s)  # fmt: skip
+    except (DuplicateEventError, StateValueError) as error:
+        # What the checks above let through and the service refuses is the
+        # trace's, not the target's: a store that already holds the trace's
+        # sessions stays an AlreadyExistsError.
+        raise TraceError(f"the service refuses a call of the trace: {error}") from error
 
 
 @contextlib.contextmanager

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
-from .service import SyncSessionService, event_to_record
+from .core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
+from .model import GetSessionConfig
+from .service import SyncSessionService, check_id, check_session_id, event_to_record
 
 __all__ = [
     "FORMAT",
@@ -49,6 +50,7 @@ __all__ = [
     "SessionExpectation",
     "TraceError",
     "TraceSpec",
+    "check_record",
     "decode_value",
     "encode_value",
     "export_trace",
@@ -61,6 +63,10 @@ __all__ = [
 FORMAT = "sessionscope-trace"
 VERSION = 1
 OPS = ("create", "append", "get", "list", "delete")
+# The longest line a trace may hold, in characters: reading refuses a longer
+# one before parsing it (an event of a real session is far smaller).
+MAX_LINE_CHARS = 32 << 20
+_CONFIG_KEYS = ("num_recent_events", "after_timestamp")
 _SESSION_OPS = ("create", "append", "get", "delete")
 
 
@@ -88,17 +94,44 @@ def encode_value(value: Any) -> Any:
 
 
 def decode_value(value: Any) -> Any:
-    """Return the value ``encode_value`` encoded."""
+    """Return the value ``encode_value`` encoded; TraceError for a tag that holds no such value.
+
+    Nesting deeper than the service stores (``core.MAX_DEPTH``) is refused
+    before it can exhaust the interpreter's stack.
+    """
+    try:
+        return _decode(value, 0)
+    except RecursionError:
+        raise TraceError(f"a value is nested too deeply (over {MAX_DEPTH} levels)") from None
+
+
+def _decode(value: Any, depth: int) -> Any:
+    # Plain loops, not comprehensions: one frame per level of nesting.
+    if depth > MAX_DEPTH:
+        raise TraceError(f"a value is nested too deeply (over {MAX_DEPTH} levels)")
     if isinstance(value, dict):
         if len(value) == 1:
             ((key, item),) = value.items()
             if key == "$bytes":
-                return base64.b64decode(item)
+                if not isinstance(item, str):
+                    raise TraceError(f'"$bytes" holds a {type(item).__name__}, not base64 text')
+                try:
+                    return base64.b64decode(item, validate=True)
+                except ValueError:
+                    raise TraceError('"$bytes" holds text that is not base64') from None
             if key == "$map":
-                return {k: decode_value(v) for k, v in item.items()}
-        return {key: decode_value(item) for key, item in value.items()}
+                if not isinstance(item, dict):
+                    raise TraceError(f'"$map" holds a {type(item).__name__}, not an object')
+                value = item
+        decoded = {}
+        for key, item in value.items():
+            decoded[key] = _decode(item, depth + 1)
+        return decoded
     if isinstance(value, list):
-        return [decode_value(item) for item in value]
+        items = []
+        for item in value:
+            items.append(_decode(item, depth + 1))
+        return items
     return value
 
 
@@ -166,8 +199,9 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any
     """Return a trace's header and an iterator over its records.
 
     The header is read and checked at once; the records are read lazily and
-    each is checked for its op and ids, a bad line raising TraceError with its
-    line number.
+    each is checked for everything a replay needs (``check_record``), a bad
+    line raising TraceError with its line number. A line is read at most
+    ``MAX_LINE_CHARS`` at a time, so a huge line costs bounded memory.
     """
     name = str(path)
     try:
@@ -177,12 +211,12 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any
     except OSError as error:
         raise TraceError(f"cannot read trace file {name}: {error}") from None
     try:
-        first = file.readline()
+        first = _line(file, name, 1)
         if not first.strip():
             raise TraceError(f"{name} is empty: a trace starts with a header line")
         try:
-            header = json.loads(first)
-        except json.JSONDecodeError:
+            header = _loads(first)
+        except TraceError:
             raise TraceError(f"{name} is not a sessionscope trace: line 1 is not JSON") from None
         check_header(header, name)
     except BaseException:
@@ -191,35 +225,116 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any
     return header, _records(file, name)
 
 
+def _line(file: IO[str], name: str, number: int) -> str:
+    """Return the next line, refusing one over the limit before holding it whole."""
+    try:
+        line = file.readline(MAX_LINE_CHARS + 1)
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        raise TraceError(f"{name}:{number}: cannot be read ({error})") from None
+    if len(line) > MAX_LINE_CHARS:
+        raise TraceError(f"{name}:{number}: longer than {MAX_LINE_CHARS:,} characters")
+    return line
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(line: str) -> Any:
+    """Parse a JSON line; TraceError for anything Python's parser refuses or cannot nest."""
+    try:
+        return json.loads(line, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"not JSON ({error.msg})") from None
+    except (ValueError, RecursionError) as error:
+        what = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise TraceError(f"not JSON a trace can hold ({what})") from None
+
+
 def _records(file: IO[str], name: str) -> Iterator[dict[str, Any]]:
     with file:
-        for number, line in enumerate(file, start=2):
+        number = 1
+        while True:
+            number += 1
+            line = _line(file, name, number)
+            if not line:
+                return
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise TraceError(f"{name}:{number}: not JSON ({error.msg})") from None
-            if _needs_decoding(line):
-                record = decode_value(record)
-            _check_record(record, name, number)
+                record = _loads(line)
+                if _needs_decoding(line):
+                    record = decode_value(record)
+            except TraceError as error:
+                raise TraceError(f"{name}:{number}: {error}") from None
+            check_record(record, f"{name}:{number}")
             yield record
 
 
-def _check_record(record: Any, name: str, number: int) -> None:
+def check_record(record: Any, where: str = "record") -> None:
+    """Raise TraceError unless a record holds what a replay of it needs, of the right types.
+
+    Ids are checked as the service checks them; a value the service would
+    refuse for its content (not its type) is the service's to refuse.
+    """
     if not isinstance(record, dict):
-        raise TraceError(f"{name}:{number}: a record must be a JSON object")
+        raise TraceError(f"{where}: a record must be a JSON object")
+    try:
+        # Every value of a record goes to the service: refuse here what it
+        # would (nesting over core.MAX_DEPTH, a lone surrogate, a huge int).
+        check_storable(record, "record")
+    except (TypeError, ValueError) as error:
+        raise TraceError(f"{where}: {error}") from None
     op = record.get("op")
     if op not in OPS:
-        raise TraceError(f"{name}:{number}: unknown op {op!r}; known: {', '.join(OPS)}")
-    if not isinstance(record.get("app"), str):
-        raise TraceError(f"{name}:{number}: {op} needs an app")
-    if op in _SESSION_OPS and not (
-        isinstance(record.get("user"), str) and isinstance(record.get("session"), str)
-    ):
-        raise TraceError(f"{name}:{number}: {op} needs a user and a session")
-    if op == "append" and not isinstance(record.get("event"), dict):
-        raise TraceError(f"{name}:{number}: append needs an event object")
+        raise TraceError(f"{where}: unknown op {_short(op)}; known: {', '.join(OPS)}")
+    try:
+        check_id(record.get("app"), "app")
+        if op in _SESSION_OPS:
+            check_id(record.get("user"), "user")
+            session = record.get("session")
+            if check_session_id(session) != session:
+                raise ValueError("session has surrounding whitespace")
+        elif record.get("user") is not None:
+            check_id(record["user"], "user")
+    except ValueError as error:
+        raise TraceError(f"{where}: {op} needs a valid app, user and session: {error}") from None
+    if op == "create":
+        _need_map(record.get("state"), f"{where}: create's state", optional=True)
+    elif op == "append":
+        event: dict[str, Any] = _need_map(record.get("event"), f"{where}: append's event")
+        if not isinstance(event.get("id"), str) or not event["id"]:
+            raise TraceError(f"{where}: append's event needs an id (a non-empty string)")
+        stamp = event.get("timestamp", 0.0)
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+            raise TraceError(f"{where}: append's event.timestamp must be a number")
+        actions = event.get("actions")
+        _need_map(actions, f"{where}: append's event.actions", optional=True)
+        if actions:
+            _need_map(actions.get("state_delta"), f"{where}: event.actions.state_delta", True)
+    elif op == "get":
+        config = record.get("config")
+        _need_map(config, f"{where}: get's config", optional=True)
+        if config:
+            unknown = sorted(set(config) - set(_CONFIG_KEYS))
+            if unknown:
+                raise TraceError(f"{where}: get's config has unknown key {_short(unknown[0])}")
+            try:
+                GetSessionConfig(**config)
+            except (TypeError, ValueError) as error:
+                raise TraceError(f"{where}: get's config: {error}") from None
+
+
+def _need_map(value: Any, what: str, optional: bool = False) -> Any:
+    """Return a value that is a JSON object (or None where optional); TraceError otherwise."""
+    if isinstance(value, dict) or (optional and value is None):
+        return value
+    raise TraceError(f"{what} must be an object, not {type(value).__name__}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def load_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

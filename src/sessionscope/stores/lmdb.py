@@ -1669,13 +1669,14 @@ class LmdbStore:
             raise _lmdb_failure(f"verifying {self.path}", error) from error
 
     def stat(self) -> dict[str, Any]:
-        """Return LMDB's figures: map size, pages used, entries per database."""
+        """Return LMDB's figures: map size, pages used, last transaction, entries per database."""
 
         def gather(txn: Any) -> dict[str, Any]:
             info = self._env.info()
             return {
                 "map_size": info["map_size"],
                 "last_pgno": info["last_pgno"],
+                "last_txnid": info["last_txnid"],
                 "entries": {
                     name.decode(): txn.stat(handle)["entries"] for name, handle in self._dbs.items()
                 },
