@@ -231,17 +231,27 @@ end
 
 -- KEYS: record, events, times, state, positions, user state, pending[, app state]
 -- ARGV: last n ('' for all), after timestamp ('' for none)
+-- Returns false for no session, or the name of a part of the session that is
+-- gone while others remain (a server that evicts keys drops them one by one;
+-- a delete or an expiry removes them together), or the session.
 local function load(keys, args)
     local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
     local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
     local rec = read_record(rec_key)
     if not rec then
+        if redis.call('EXISTS', ev_key, tm_key, st_key) > 0 then
+            return 'record'
+        end
         return false
     end
     local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
     local n = nil
     if args[1] ~= '' then
         n = tonumber(args[1])
+    end
+    if args[2] ~= '' and count > removed and redis.call('EXISTS', tm_key) == 0 then
+        -- A time filter reads the event times: without them it would select nothing.
+        return 'event times'
     end
     local seqs
     local ordered = args[2] ~= '' and redis.call('HEXISTS', rec_key, 'ts') == 1
@@ -863,6 +873,11 @@ end
 local function delete(keys, args)
     local updated = redis.call('HGET', keys[1], 'u')
     if not updated then
+        if not args[2] then
+            -- What is left of a session whose record is gone (evicted) goes too.
+            redis.call('DEL', keys[2], keys[3], keys[4], keys[5], keys[6], keys[7])
+            redis.call('ZREM', keys[8], args[1])
+        end
         return 0
     end
     if args[2] and tonumber(updated) >= tonumber(args[2]) then
