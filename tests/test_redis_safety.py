@@ -273,6 +273,28 @@ def test_a_read_missing_the_record_or_the_times_is_corrupt(
         client.close()
 
 
+def test_a_read_missing_the_state_its_record_names_is_corrupt(
+    shared_server: tuple[str, Any],
+) -> None:
+    kind, server = shared_server
+    prefix = f"r{uuid.uuid4().hex}"
+    svc = _session_with_events(f"{server.url}?prefix={prefix}")
+    client = _raw_client(kind, server)
+    try:
+        svc.create_session(app_name=APP, user_id=USER, session_id="bare")
+        (state,) = _keys(client, prefix, b"s:")
+        client.delete(state)
+        for read in (_get, _aget):
+            with pytest.raises(CorruptStoreError, match="is missing its state"):
+                read(svc)
+        # A session created without state names none.
+        got = svc.get_session(app_name=APP, user_id=USER, session_id="bare")
+        assert got is not None and got.state == {}
+    finally:
+        svc.close()
+        client.close()
+
+
 # -- credentials ----------------------------------------------------------------
 
 

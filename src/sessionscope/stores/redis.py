@@ -13,7 +13,7 @@ Keys (``P`` the prefix, ``{u}`` a digest of (app, user), ``{a}`` of the app;
 the braces are Redis Cluster hash tags, so a session, its events and its
 user's state share one slot, and an app's own keys another):
 
-    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts)
+    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts, sm)
     P:{u}e:<sid>   hash     seq -> event record
     P:{u}i:<sid>   hash     event id -> seq
     P:{u}t:<sid>   string   event times as 8-byte doubles by position, while in order

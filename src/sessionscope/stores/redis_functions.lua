@@ -233,7 +233,8 @@ end
 -- ARGV: last n ('' for all), after timestamp ('' for none)
 -- Returns false for no session, or the name of a part of the session that is
 -- gone while others remain (a server that evicts keys drops them one by one;
--- a delete or an expiry removes them together), or the session.
+-- a delete or an expiry removes them together), or the session. A record
+-- with `sm` set names a state map (a session created or restored with state).
 local function load(keys, args)
     local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
     local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
@@ -243,6 +244,9 @@ local function load(keys, args)
             return 'record'
         end
         return false
+    end
+    if redis.call('HGET', rec_key, 'sm') and redis.call('EXISTS', st_key) == 0 then
+        return 'state'
     end
     local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
     local n = nil
@@ -852,6 +856,10 @@ local function create(keys, args)
         if args[10] == '1' then
             redis.call('HSET', rec_key, 'ts', '1')
         end
+        if n_session > 0 then
+            -- The record names its state map: a read finds it gone (see load).
+            redis.call('HSET', rec_key, 'sm', '1')
+        end
         hset_pairs(st_key, args, 11, n_session)
         hset_pairs(ust_key, args, 11 + 2 * n_session, n_user)
         write_app_delta(app_key, pend_key, number, '', app_blob)
@@ -970,6 +978,9 @@ local function restore(keys, args)
         'u', args[5], 'k', tostring(n_events), 'tk', ''}
     if args[6] ~= '' then
         fields[#fields + 1], fields[#fields + 2] = 'l', args[6]
+    end
+    if n_state > 0 then
+        fields[#fields + 1], fields[#fields + 2] = 'sm', '1'
     end
     hset_pairs(st_key, args, 11, n_state)
     local first = 11 + 2 * n_state
