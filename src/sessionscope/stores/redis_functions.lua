@@ -238,16 +238,17 @@ end
 local function load(keys, args)
     local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
     local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
-    local rec = read_record(rec_key)
-    if not rec then
+    -- The record as read_record reads it, and whether it names a state map.
+    local rec = redis.call('HMGET', rec_key, 'app', 'user', 'sid', 'n', 'c', 'u', 'k', 'l', 'r',
+        'sm')
+    if not rec[4] then
         if redis.call('EXISTS', ev_key, tm_key, st_key) > 0 then
             return 'record'
         end
         return false
     end
-    if redis.call('HGET', rec_key, 'sm') and redis.call('EXISTS', st_key) == 0 then
-        return 'state'
-    end
+    local names_state = rec[10]
+    rec[10] = nil
     local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
     local n = nil
     if args[1] ~= '' then
@@ -286,11 +287,15 @@ local function load(keys, args)
             seqs = kept
         end
     end
+    local state = redis.call('HGETALL', st_key)
+    if names_state and #state == 0 then
+        return 'state'
+    end
     local pending = {}
     if not app_key then
         pending = pending_of(pend_key)
     end
-    return {rec, events_of(ev_key, seqs), redis.call('HGETALL', st_key),
+    return {rec, events_of(ev_key, seqs), state,
         redis.call('HGETALL', ust_key), app_key and redis.call('HGETALL', app_key) or false,
         pending}
 end
