@@ -157,7 +157,17 @@ def test_the_policy_is_read_from_info_when_config_is_refused(tmp_path: Path) -> 
         uri = f"redis://bob:{USER_SECRET}@127.0.0.1:{protected.port}/0?prefix=p"
         with pytest.raises(UnsafeStoreError, match="allkeys-random"):
             open_store(uri)
+        # A user that may read neither is refused: the policy is unknown.
+        raw(protected).config_set("maxmemory-policy", "noeviction")
+        raw(protected).acl_setuser(
+            "carol", enabled=True, passwords=[f"+{USER_SECRET}"], keys=["*"],
+            channels=["*"], commands=["+@all", "-config", "-info"],
+        )  # fmt: skip
+        with pytest.raises(UnsafeStoreError, match="unknown maxmemory-policy"):
+            open_store(uri.replace("bob", "carol"))
         assert raw(protected).dbsize() == 0
+        open_store(uri).close()
+        assert raw(protected).dbsize() == 1  # the format record of the open allowed
     finally:
         protected.stop()
 
