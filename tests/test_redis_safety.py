@@ -473,22 +473,39 @@ def test_a_reader_open_of_an_lmdb_path_without_a_store_creates_nothing(tmp_path:
 # -- a stopped server -----------------------------------------------------------
 
 
+def _connections(server: RedisServer) -> int:
+    return int(server.cli("INFO", "stats").split("total_connections_received:")[1].split()[0])
+
+
 def test_a_read_from_a_stopped_server_waits_one_timeout(tmp_path: Path) -> None:
     """The read is sent once: a timed-out read is not sent again on a new connection."""
     server = RedisServer(tmp_path / "stopped").start()
+    store = RedisStore(server.url, prefix="p", timeout=0.3)
     try:
-        store = RedisStore(server.url, prefix="p", timeout=0.3)
         store.load_session(APP, USER, "s", None, None)
-        before = int(server.cli("INFO", "stats").split("total_connections_received:")[1].split()[0])
+        before = _connections(server)
         server.pause()
         try:
             with pytest.raises(StoreError, match="did not answer in time"):
                 store.load_session(APP, USER, "s", None, None)
         finally:
             server.resume()
-        after = int(server.cli("INFO", "stats").split("total_connections_received:")[1].split()[0])
         # The one new connection is this INFO's own.
-        assert after == before + 1
-        store.close()
+        assert _connections(server) == before + 1
+
+        async def stopped_read() -> None:
+            await store.aio.load_session(APP, USER, "s", None, None)  # connects
+            nonlocal before
+            before = _connections(server)
+            server.pause()
+            try:
+                with pytest.raises(StoreError, match="did not answer in time"):
+                    await store.aio.load_session(APP, USER, "s", None, None)
+            finally:
+                server.resume()
+
+        asyncio.run(stopped_read())
+        assert _connections(server) == before + 1
     finally:
+        store.close()
         server.stop()
