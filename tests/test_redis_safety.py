@@ -445,6 +445,7 @@ def test_commands_that_read_refuse_a_redis_prefix_without_a_store(
             ("show", uri, APP, USER, "s"),
             ("tail", uri, APP, USER, "s"),
             ("stats", uri),
+            ("verify", uri),
             ("export", uri, str(tmp_path / "out.dump")),
         ):
             done = run_cli(*args)
