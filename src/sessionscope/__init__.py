@@ -19,6 +19,7 @@ from .errors import (
     StateValueError,
     StoreClosedError,
     StoreError,
+    StoreNotFoundError,
     UnsafeStoreError,
 )
 from .model import (
@@ -64,6 +65,7 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "StoreError",
+    "StoreNotFoundError",
     "SyncSessionService",
     "UnsafeStoreError",
     "__version__",

@@ -430,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(command: str, message: str) -> None:
-    """Print one line on stderr: which command failed and why."""
-    line = " ".join(message.split())
+    """Print one line on stderr: which command failed and why (no password of a URI in it)."""
+    from .stores import redact
+
+    line = " ".join(redact(message).split())
     print(f"sessionscope {command}: error: {line}", file=sys.stderr)

@@ -20,6 +20,7 @@ __all__ = [
     "StateValueError",
     "StoreClosedError",
     "StoreError",
+    "StoreNotFoundError",
     "UnsafeStoreError",
 ]
 
@@ -84,7 +85,14 @@ class CorruptStoreError(StoreError):
 
 
 class UnsafeStoreError(StoreError):
-    """The store's directory or files could be changed by someone else, or were."""
+    """The store's directory or files could be changed by someone else, or were.
+
+    Also a Redis server that may evict keys, which would drop sessions silently.
+    """
+
+
+class StoreNotFoundError(StoreError, ValueError):
+    """A read-only open found no store where the URI points (nothing was created)."""
 
 
 class DumpError(SessionscopeError, ValueError):

@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .codec import decode_event, pack
-from .errors import CorruptStoreError, SessionscopeError, StoreError
-from .stores import LmdbStore, Store, open_store
+from .errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
+from .stores import LmdbStore, Store, open_store, redact
 from .stores.base import LoadedSession, SessionRecord
 from .stores.lmdb import path_uri
 
@@ -61,7 +61,11 @@ def open_existing(uri: str) -> Store:
     if path is not None and path.parts and not (path / "data.mdb").is_file():
         what = "does not exist" if not path.exists() else "holds no store"
         raise MissingStoreError(f"{uri}: {path} {what}")
-    return open_store(uri)
+    try:
+        # A Redis prefix without a store is refused there, before anything is written.
+        return open_store(uri, create=False)
+    except StoreNotFoundError as error:
+        raise MissingStoreError(f"{redact(uri)}: {error}") from None
 
 
 def list_apps(store: Store) -> list[str]:

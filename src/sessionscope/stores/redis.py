@@ -13,7 +13,7 @@ Keys (``P`` the prefix, ``{u}`` a digest of (app, user), ``{a}`` of the app;
 the braces are Redis Cluster hash tags, so a session, its events and its
 user's state share one slot, and an app's own keys another):
 
-    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts)
+    P:{u}r:<sid>   hash     the session record (app, user, sid, n, c, u, k, l, r, ts, sm)
     P:{u}e:<sid>   hash     seq -> event record
     P:{u}i:<sid>   hash     event id -> seq
     P:{u}t:<sid>   string   event times as 8-byte doubles by position, while in order
@@ -39,6 +39,7 @@ user finishes a pending delta left behind by a process that died in between.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import struct
 import threading
@@ -49,6 +50,7 @@ from functools import lru_cache
 from hashlib import blake2b
 from importlib import resources
 from typing import Any, TypeAlias, TypeVar
+from urllib.parse import quote
 
 import redis
 import redis.asyncio
@@ -60,11 +62,15 @@ from redis.retry import Retry
 from ..codec import decode_values, pack, unpack
 from ..errors import (
     AlreadyExistsError,
+    CorruptStoreError,
     IncompatibleStoreError,
     SessionNotFoundError,
     StoreClosedError,
     StoreError,
+    StoreNotFoundError,
+    UnsafeStoreError,
 )
+from . import redact
 from .base import (
     BATCH_EVENTS,
     BATCH_SESSIONS,
@@ -101,6 +107,14 @@ except ImportError:  # the redis extra installs it; without it redis-py packs in
 __all__ = ["FORMAT_VERSION", "LIBRARY", "RedisStore"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
+# The eviction policy that never drops a key (see docs/redis.md): any other
+# may remove a session's record, events or state on its own.
+_SAFE_POLICY = "noeviction"
+# What a Redis client raises: redis-py's cluster client also raises
+# RedisClusterException (no reachable node, cluster mode off), which is no RedisError.
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 # Format 2 keeps a session's event times as a string of doubles while they
 # never go back (the sorted set only after one does); a store of format 1 is
@@ -495,6 +509,10 @@ class _Operations:
         """
         if reply is None:
             return None
+        where = f"session {session_id!r} of user {user_id!r} in app {app_name!r}"
+        if type(reply) is bytes:
+            # The load function found keys of a session whose part it names is gone.
+            raise _missing(where, "its " + reply.decode())
         fields, event_list, sstate, ustate_reply, astate_reply, pending = reply
         record = _record(fields)
         if (record.app_name, record.user_id, record.session_id) != (
@@ -503,6 +521,9 @@ class _Operations:
             session_id,
         ):
             raise StoreError("two ids share a key digest", hint="report this as a bug")
+        if None in event_list:
+            gone = sum(1 for event in event_list if event is None)
+            raise _missing(where, f"{gone} of the {len(event_list)} event records read")
         if self.cluster:
             if pending:
                 yield from self._finish_pending(app_name, user_id, pending)
@@ -1146,10 +1167,17 @@ class _Operations:
         (reply,) = yield [("HGETALL", self.keys.user(app_name, user_id)[0])]
         return decode_values(_pairs(reply))
 
-    def check_format(self) -> Plan[None]:
+    def check_format(self, create: bool = True) -> Plan[None]:
+        """Check the store's format record; write it first when there is none and ``create``."""
         header = pack({"magic": MAGIC, "format": FORMAT_VERSION})
         # Read first: a read-only replica can open a store that exists.
         (stored,) = yield [("GET", self.keys.format)]
+        if stored is None and not create:
+            raise StoreNotFoundError(
+                f"no sessionscope store under prefix {self.settings.prefix!r}",
+                hint="check the URI's prefix= and database number; reading never creates "
+                "a store, the first service that writes to it does",
+            )
         if stored is None:
             _, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
         if stored == header:
@@ -1316,11 +1344,42 @@ def _failure(error: BaseException, where: str) -> StoreError:
         hint = f"cannot reach {where}: check that redis-server runs and the URI is right"
     elif isinstance(error, redis.exceptions.ResponseError) and "OOM" in str(error):
         hint = "the server is out of memory: raise maxmemory or free space"
+    elif isinstance(error, redis.exceptions.RedisClusterException):
+        hint = (
+            f"no cluster at {where}: check that the nodes run with cluster-enabled yes "
+            "and that the URI names them (redis:// for a single server)"
+        )
     else:
         hint = "the server refused the command; what was stored before is intact"
-    failure = StoreError(f"Redis failed: {error}", hint=hint)
+    failure = StoreError(f"Redis failed: {redact(str(error))}", hint=hint)
     failure.__cause__ = error
     return failure
+
+
+def _missing(where: str, what: str) -> CorruptStoreError:
+    """Return the error of a read that found part of a session gone (never a partial session)."""
+    return CorruptStoreError(
+        f"{where} is missing {what}",
+        hint="Redis dropped part of the session, as a server does whose maxmemory-policy "
+        "is not noeviction (see docs/redis.md): delete the session or restore it from a copy",
+    )
+
+
+def _policy_of(client: Any) -> str | None:
+    """Return a server's maxmemory-policy, None when neither CONFIG nor INFO tells it.
+
+    CONFIG may be renamed or refused by an ACL; INFO memory carries the same setting.
+    """
+    try:
+        found = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:
+        found = None
+    if found is None:
+        try:
+            found = client.info("memory").get("maxmemory_policy")
+        except redis.exceptions.ResponseError:
+            return None
+    return _text(found)
 
 
 def _missing_library(replies: Iterable[Any]) -> bool:
@@ -1331,9 +1390,15 @@ def _missing_library(replies: Iterable[Any]) -> bool:
 
 
 def _retry() -> Retry:
-    # A lost reply is retried once: every command a plan sends is idempotent
-    # (appends by event id, creates by session number).
-    return Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1)
+    # A lost connection is retried once: every command a plan sends is
+    # idempotent (appends by event id, creates by session number). A timeout
+    # is not: a server that did not answer in ``timeout`` (stopped, or
+    # overloaded) would only make the caller wait a second full timeout.
+    return Retry(
+        ExponentialBackoff(cap=0.2, base=0.02),
+        retries=1,
+        supported_errors=(redis.exceptions.ConnectionError,),
+    )
 
 
 class _SyncRunner:
@@ -1358,7 +1423,7 @@ class _SyncRunner:
             if _missing_library(replies):
                 self.load_library()
                 replies = self._send(commands)
-        except redis.exceptions.RedisError as error:
+        except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
         for reply in replies:
             if isinstance(reply, redis.exceptions.RedisError):
@@ -1408,7 +1473,7 @@ class _AsyncRunner:
             if _missing_library(replies):
                 await self.load_library()
                 replies = await self._send(commands)
-        except redis.exceptions.RedisError as error:
+        except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
         except OSError as error:
             raise _failure(redis.exceptions.ConnectionError(str(error)), self.where) from error
@@ -1524,6 +1589,14 @@ class _AsyncRedisStore:
         if found is not None:
             return found[0]
         client = self._store._new_client(asynchronous=True)
+        if self._store.cluster:
+            # Its first command would find the nodes: find them here, so that
+            # a cluster that is not there is a StoreError like any other.
+            try:
+                await client.initialize()
+            except (*_REDIS_ERRORS, OSError) as error:
+                await client.aclose()
+                raise _failure(error, self._store.where) from error
         runner = _AsyncRunner(client, self._store.where, self._store.cluster)
         # asyncio.run finalizes live async generators before closing its
         # loop: this one closes the client there, inside the loop.
@@ -1680,10 +1753,16 @@ class RedisStore:
     """Sessions on a Redis 7 server or cluster, shared by every process that opens it.
 
     ``url`` is a ``redis://`` or ``rediss://`` URL for one server; ``cluster``
-    lists ``(host, port)`` startup nodes of a Redis Cluster instead. Options:
+    lists ``(host, port)`` startup nodes of a Redis Cluster instead, and
+    ``username`` / ``password`` its credentials (a URL carries its own). Options:
     ``prefix`` keeps stores apart on one server, ``ttl`` (seconds) expires a
     session idle that long, ``wait`` makes every write wait for that many
-    replicas, ``timeout`` bounds every network wait.
+    replicas, ``timeout`` bounds every network wait. ``create=False`` refuses
+    a prefix that holds no store (``StoreNotFoundError``) and writes nothing.
+
+    A server (on a cluster, any primary) whose ``maxmemory-policy`` is not
+    ``noeviction`` may drop a session's keys on its own: it is refused with
+    ``UnsafeStoreError`` unless ``allow_eviction=True``, which logs a warning.
     """
 
     def __init__(
@@ -1697,6 +1776,10 @@ class RedisStore:
         timeout: float = 5.0,
         ssl: bool = False,
         session_ttl: float | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        create: bool = True,
+        allow_eviction: bool = False,
     ) -> None:
         session_ttl = check_ttl(session_ttl)
         if (url is None) == (cluster is None):
@@ -1709,13 +1792,23 @@ class RedisStore:
             raise ValueError(f"wait must be a number of replicas (>= 0), not {wait!r}")
         if cluster is not None and wait:
             raise ValueError("wait= needs one server: a cluster write goes to several")
+        if url is not None and (username is not None or password is not None):
+            raise ValueError("give a server's credentials in its URL: redis://user:password@host")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         self.url = url
         self.nodes = cluster
         self.cluster = cluster is not None
         self.ssl = ssl
-        self.where = url if url is not None else ",".join(f"{h}:{p}" for h, p in cluster or [])
+        self._allow_eviction = allow_eviction
+        # A cluster's credentials, handed to every node (a URL carries a server's).
+        self._credentials: dict[str, Any] = (
+            {"username": username, "password": password} if cluster else {}
+        )
+        # Where the store is, as messages and logs show it: without a password.
+        self.where = (
+            redact(url) if url is not None else ",".join(f"{h}:{p}" for h, p in cluster or [])
+        )
         self._settings = _Settings(prefix, ttl or 0, wait, timeout, self.cluster)
         self._ops = _Operations(self._settings)
         self._closed = False
@@ -1723,7 +1816,8 @@ class RedisStore:
         self._sync = _SyncRunner(self._client, self.where, self.cluster)
         self.aio = _AsyncRedisStore(self)
         try:
-            self._sync.run(self._ops.check_format())
+            self._check_policy(allow_eviction)
+            self._sync.run(self._ops.check_format(create))
         except BaseException:
             self._client.close()
             raise
@@ -1737,22 +1831,59 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore({self.uri!r})"
 
+    def _check_policy(self, allow_eviction: bool) -> None:
+        """Refuse a server (any primary of a cluster) that may evict keys; see the class doc."""
+        client = self._client
+        try:
+            servers = (
+                [
+                    (f"{n.host}:{n.port}", client.get_redis_connection(n))
+                    for n in client.get_primaries()
+                ]
+                if self.cluster
+                else [(self.where, client)]
+            )
+            policies = [(where, _policy_of(server)) for where, server in servers]
+        except _REDIS_ERRORS as error:
+            raise _failure(error, self.where) from error
+        unsafe = [(where, policy) for where, policy in policies if policy != _SAFE_POLICY]
+        if not unsafe:
+            return
+        where, policy = unsafe[0]
+        said = "an unknown maxmemory-policy" if policy is None else f"maxmemory-policy {policy}"
+        message = f"the Redis server at {where} has {said}: it may evict sessions' keys"
+        if not allow_eviction:
+            raise UnsafeStoreError(
+                message,
+                hint="set maxmemory-policy noeviction on the server (see docs/redis.md), or "
+                "accept lost sessions with ?allow_eviction=true (allow_eviction=True)",
+            )
+        _log.warning("%s; opened all the same (allow_eviction)", message)
+
     @property
     def prefix(self) -> str:
         return self._settings.prefix
 
     @property
     def uri(self) -> str:
-        """Return the URI ``open_store`` takes to open this store again."""
+        """Return the URI ``open_store`` takes to open this store again, its password as ``***``.
+
+        (A URI is shown in messages and logs: give the password again to reopen.)
+        """
         options = f"prefix={self.prefix}"
         if self._settings.ttl:
             options += f"&ttl={self._settings.ttl}"
         if self._settings.wait:
             options += f"&wait={self._settings.wait}"
+        if self._allow_eviction:
+            options += "&allow_eviction=true"
         if self.url is not None:
             # The URL keeps redis-py's own settings (TLS) in its query.
-            return f"{self.url}{'&' if '?' in self.url else '?'}{options}"
-        return f"redis+cluster://{self.where}?{options}"
+            return f"{self.where}{'&' if '?' in self.where else '?'}{options}"
+        user = quote(self._credentials.get("username") or "", safe="")
+        login = f"{user}:***@" if self._credentials.get("password") else ""
+        login = login or (f"{user}@" if user else "")
+        return f"redis+cluster://{login}{self.where}?{options}"
 
     def _new_client(self, asynchronous: bool) -> Any:
         timeout = self._settings.timeout
@@ -1774,14 +1905,18 @@ class RedisStore:
         if asynchronous:
             # (The async cluster client takes no connection class: it packs in Python.)
             nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.nodes or []]
-            return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, ssl=self.ssl, **common)
+            return redis.asyncio.cluster.RedisCluster(
+                startup_nodes=nodes, ssl=self.ssl, **self._credentials, **common
+            )
         sync_nodes = [
             redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
             for h, p in self.nodes or []
         ]
         try:
-            return redis.cluster.RedisCluster(startup_nodes=sync_nodes, ssl=self.ssl, **common)
-        except redis.exceptions.RedisError as error:
+            return redis.cluster.RedisCluster(
+                startup_nodes=sync_nodes, ssl=self.ssl, **self._credentials, **common
+            )
+        except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
 
     def _check_open(self) -> None:
@@ -1968,7 +2103,7 @@ class RedisStore:
                     for key in keys[start : start + 500]:
                         pipe.delete(key)
                     deleted += sum(pipe.execute())
-        except redis.exceptions.RedisError as error:
+        except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
         finally:
             self.close()

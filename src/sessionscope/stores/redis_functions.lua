@@ -231,17 +231,32 @@ end
 
 -- KEYS: record, events, times, state, positions, user state, pending[, app state]
 -- ARGV: last n ('' for all), after timestamp ('' for none)
+-- Returns false for no session, or the name of a part of the session that is
+-- gone while others remain (a server that evicts keys drops them one by one;
+-- a delete or an expiry removes them together), or the session. A record
+-- with `sm` set names a state map (a session created or restored with state).
 local function load(keys, args)
     local rec_key, ev_key, tm_key, st_key, pos_key = keys[1], keys[2], keys[3], keys[4], keys[5]
     local ust_key, pend_key, app_key = keys[6], keys[7], keys[8]
-    local rec = read_record(rec_key)
-    if not rec then
+    -- The record as read_record reads it, and whether it names a state map.
+    local rec = redis.call('HMGET', rec_key, 'app', 'user', 'sid', 'n', 'c', 'u', 'k', 'l', 'r',
+        'sm')
+    if not rec[4] then
+        if redis.call('EXISTS', ev_key, tm_key, st_key) > 0 then
+            return 'record'
+        end
         return false
     end
+    local names_state = rec[10]
+    rec[10] = nil
     local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
     local n = nil
     if args[1] ~= '' then
         n = tonumber(args[1])
+    end
+    if args[2] ~= '' and count > removed and redis.call('EXISTS', tm_key) == 0 then
+        -- A time filter reads the event times: without them it would select nothing.
+        return 'event times'
     end
     local seqs
     local ordered = args[2] ~= '' and redis.call('HEXISTS', rec_key, 'ts') == 1
@@ -272,11 +287,15 @@ local function load(keys, args)
             seqs = kept
         end
     end
+    local state = redis.call('HGETALL', st_key)
+    if names_state and #state == 0 then
+        return 'state'
+    end
     local pending = {}
     if not app_key then
         pending = pending_of(pend_key)
     end
-    return {rec, events_of(ev_key, seqs), redis.call('HGETALL', st_key),
+    return {rec, events_of(ev_key, seqs), state,
         redis.call('HGETALL', ust_key), app_key and redis.call('HGETALL', app_key) or false,
         pending}
 end
@@ -845,6 +864,10 @@ local function create(keys, args)
         if args[10] == '1' then
             redis.call('HSET', rec_key, 'ts', '1')
         end
+        if n_session > 0 then
+            -- The record names its state map: a read finds it gone (see load).
+            redis.call('HSET', rec_key, 'sm', '1')
+        end
         hset_pairs(st_key, args, 11, n_session)
         hset_pairs(ust_key, args, 11 + 2 * n_session, n_user)
         write_app_delta(app_key, pend_key, number, '', app_blob)
@@ -866,6 +889,11 @@ end
 local function delete(keys, args)
     local updated = redis.call('HGET', keys[1], 'u')
     if not updated then
+        if not args[2] then
+            -- What is left of a session whose record is gone (evicted) goes too.
+            redis.call('DEL', keys[2], keys[3], keys[4], keys[5], keys[6], keys[7])
+            redis.call('ZREM', keys[8], args[1])
+        end
         return 0
     end
     if args[2] and tonumber(updated) >= tonumber(args[2]) then
@@ -958,6 +986,9 @@ local function restore(keys, args)
         'u', args[5], 'k', tostring(n_events), 'tk', ''}
     if args[6] ~= '' then
         fields[#fields + 1], fields[#fields + 2] = 'l', args[6]
+    end
+    if n_state > 0 then
+        fields[#fields + 1], fields[#fields + 2] = 'sm', '1'
     end
     hset_pairs(st_key, args, 11, n_state)
     local first = 11 + 2 * n_state
