@@ -230,7 +230,7 @@ def _huge_record_gz(path: Path, size: int) -> Path:
 
 _MEASURE = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     from sessionscope import MemoryStore
     from sessionscope.dump import import_dump
     from sessionscope.errors import DumpError
@@ -239,7 +239,10 @@ _MEASURE = textwrap.dedent(
         outcome = "imported"
     except DumpError as error:
         outcome = str(error)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM is this process image's own peak: ru_maxrss would carry over the
+    # forking parent's (pytest's) peak across exec.
+    peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+                if line.startswith("VmHWM:"))
     print(json.dumps({"outcome": outcome, "peak": peak}))
     """
 )
