@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .errors import SessionscopeError
+from .outfile import OutputPathError
 
 __all__ = ["main"]
 
@@ -407,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return HANDLERS[args.command](args)
     except UsageError as error:
+        _fail(args.command, str(error))
+        return 2
+    except OutputPathError as error:
+        # An output path refused before anything was written: bad input.
         _fail(args.command, str(error))
         return 2
     except KeyboardInterrupt:

@@ -24,7 +24,9 @@ from typing import Any
 from .cli import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
 from .errors import CorruptStoreError, IncompatibleStoreError, SessionscopeError
+from .outfile import check_output
 from .ops import (
+    VERIFY_HINT,
     MissingStoreError,
     backup,
     check_store,
@@ -35,7 +37,9 @@ from .ops import (
     list_users,
     lmdb_path,
     open_existing,
+    reason,
     session_page,
+    session_records,
     store_stats,
 )
 from .stores import LmdbStore, Store, open_store
@@ -203,24 +207,22 @@ def ls(args: argparse.Namespace) -> int:
 
 
 def _app_row(store: Store, app: str) -> dict[str, Any]:
-    records = store.list_sessions(app, None)
-    return {
-        "app": app,
-        "users": len(list_users(store, app)),
-        "sessions": len(records),
-        "events": sum(r.stored_count for r in records),
-        "last_update": max((r.last_update_time for r in records), default=None),
-    }
+    return {"app": app, "users": len(list_users(store, app)), **_totals(store, app, None)}
 
 
 def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
-    records = store.list_sessions(app, user)
-    return {
-        "user": user,
-        "sessions": len(records),
-        "events": sum(r.stored_count for r in records),
-        "last_update": max((r.last_update_time for r in records), default=None),
-    }
+    return {"user": user, **_totals(store, app, user)}
+
+
+def _totals(store: Store, app: str, user: str | None) -> dict[str, Any]:
+    """Return the sessions, events and last update of an app or user, from records alone."""
+    sessions = events = 0
+    last: float | None = None
+    for record in session_records(store, app, user):
+        sessions += 1
+        events += record.stored_count
+        last = record.last_update_time if last is None else max(last, record.last_update_time)
+    return {"sessions": sessions, "events": events, "last_update": last}
 
 
 # -- show and tail -----------------------------------------------------------------
@@ -466,7 +468,12 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def _refused(error: BaseException) -> dict[str, Any]:
-    return {"clean": False, "structural": "failed", "problems": [f"open: {error}"]}
+    return {
+        "clean": False,
+        "structural": "failed",
+        "problems": [f"open: {reason(error)}"],
+        "hint": VERIFY_HINT,
+    }
 
 
 def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
@@ -479,6 +486,7 @@ def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
         if report["problems"]:
             lines.append(f"FAILED     {len(report['problems'])} problem(s):")
             lines.extend(f"  - {problem}" for problem in report["problems"])
+            lines.append(f"hint       {report['hint']}")
         else:
             lines.append("clean      counts, index entries and records agree")
         return "\n".join(lines)
@@ -502,8 +510,6 @@ def backup_command(args: argparse.Namespace) -> int:
     """Copy a live LMDB store into a new directory and verify the copy."""
     _lmdb_only(args.uri, "backup")
     dest = Path(args.dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise UsageError(f"{dest} exists and is not empty: back up into a new directory")
     with opened(args.uri) as store, _progress(args, None, "backup") as bar:
         assert isinstance(store, LmdbStore)
         result = backup(store, dest)
@@ -610,6 +616,10 @@ def export_command(args: argparse.Namespace) -> int:
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     out = Path(args.out)
+    # Refused before the store is opened: an existing file, a directory, a
+    # FIFO or device, a missing parent, a path inside the store's directory.
+    home = lmdb_path(args.uri)
+    check_output(out, [home] if home is not None else [])
     if args.format == "trace":
         if args.app is None:
             raise UsageError("--format trace needs --app: a trace holds one app")

@@ -68,6 +68,7 @@ from ..errors import (
     StoreError,
     UnsafeStoreError,
 )
+from ..outfile import create_exclusive, remove_own
 from .base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
@@ -1072,6 +1073,35 @@ class LmdbStore:
 
         return self._read(load)
 
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> tuple[SessionRecord, list[tuple[int, bytes]]] | None:
+        """Return a session's record and up to ``limit`` stored events from position ``start``.
+
+        Each event comes with its position (positions count every event ever
+        appended; a truncation leaves gaps). Reading a long session page by
+        page, from the last position read plus one, keeps memory bounded:
+        what the command line's export, stats and verify do. None if the
+        session does not exist.
+        """
+
+        def read(txn: Any) -> tuple[SessionRecord, list[tuple[int, bytes]]] | None:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                return None
+            prefix = _U64.pack(record.number) + _EVENT
+            events: list[tuple[int, bytes]] = []
+            cursor = txn.cursor(db=self._data)
+            if limit <= 0 or not cursor.set_range(prefix + _U64.pack(max(0, start))):
+                return record, events
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix) or len(events) >= limit:
+                    break
+                events.append((_U64.unpack(key[9:17])[0], value[8:]))
+            return record, events
+
+        return self._read(read)
+
     def _loaded(self, txn: Any, record: SessionRecord, events: list[bytes]) -> LoadedSession:
         app = _part(record.app_name)
         return LoadedSession(
@@ -1774,7 +1804,9 @@ class LmdbStore:
                     event_id = decode_event(value[8:])["id"]
                 except Exception as error:  # any undecodable record is a finding
                     position = _U64.unpack(seq)[0]
-                    problems.append(f"{label}: event {position} does not decode: {error}")
+                    problems.append(
+                        f"{label}: event {position} does not decode: {_without_hint(error)}"
+                    )
                     continue
                 events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
             elif kind == _EVENT_ID:
@@ -1845,22 +1877,31 @@ class LmdbStore:
         """Write a consistent, compacted copy of the store into the empty directory ``dest``.
 
         The copy is of one read snapshot, so writers in this or other
-        processes go on meanwhile; it holds no free pages.
+        processes go on meanwhile; it holds no free pages. Its ``data.mdb``
+        is created exclusively (an existing file or a planted link there is
+        an ``OutputPathError``) and removed again if the copy fails.
         """
-        target = Path(dest)
-        mode = (self.path / "data.mdb").stat().st_mode & 0o777
+        copy = Path(dest) / "data.mdb"
+        # Created here, owner-only, exclusively and never through a link,
+        # then filled by LMDB through the descriptor.
+        fd = create_exclusive(copy)
+        made = os.fstat(fd)
         try:
-            with self._gate:
-                txn = self._begin()
-                try:
-                    self._env.copy(str(target), compact=True, txn=txn)
-                finally:
-                    txn.abort()
-        except lmdb.Error as error:
-            raise _lmdb_failure("copying the store", error) from error
-        copy = target / "data.mdb"
-        os.chmod(copy, mode)
-        _fsync(copy)
+            try:
+                with self._gate:
+                    txn = self._begin()
+                    try:
+                        self._env.copyfd(fd, compact=True, txn=txn)
+                    finally:
+                        txn.abort()
+            except lmdb.Error as error:
+                raise _lmdb_failure("copying the store", error) from error
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            remove_own(copy, made)
+            raise
+        os.close(fd)
 
     @classmethod
     def compact(
@@ -2313,6 +2354,13 @@ def _item_entries_of(values: dict[str, Any]) -> Items:
 
 def _label(record: SessionRecord) -> str:
     return f"session {record.app_name}/{record.user_id}/{record.session_id}"
+
+
+def _without_hint(error: BaseException) -> str:
+    """Return an error's message without its hint: a report of problems gives one hint."""
+    text, hint = str(error), getattr(error, "hint", None)
+    suffix = f" (hint: {hint})"
+    return text[: -len(suffix)] if hint and text.endswith(suffix) else text
 
 
 def _pages(stat: Any) -> int:
