@@ -32,7 +32,13 @@ _STORES = (
     "adk-memory://, adk-sqlite:///path, adk-database://SQLALCHEMY-URL"
 )
 
-_STORE_URIS = "lmdb:///path (or lmdb://relative/path), memory://"
+_LMDB_URI = "lmdb:///path (or lmdb://relative/path)"
+# Every store a store command opens through open_store; backup, compact and
+# upgrade work on an LMDB store's files and take _LMDB_URI only.
+_STORE_URIS = (
+    f"{_LMDB_URI}, redis://[:password@]host:port/db, rediss://... (TLS), "
+    "redis+cluster://host:port,host:port, memory://"
+)
 
 
 class UsageError(Exception):
@@ -54,7 +60,8 @@ def _parser() -> _Parser:
     parser = _Parser(
         prog="sessionscope",
         description="Look into, check, back up and move session stores; benchmark and "
-        "replay them. Every store command takes a URI: " + _STORE_URIS + ".",
+        "replay them. Every store command takes a URI: " + _STORE_URIS + " (backup, "
+        "compact and upgrade: lmdb:// only).",
         epilog="Run 'sessionscope COMMAND --help' for a command's options. Exit status: 0 "
         "success, 1 a problem found or a failure, 2 bad usage or input.",
     )
@@ -126,8 +133,8 @@ def _store_commands(commands: Any) -> None:
             name, help=summary, description=description, parents=[common]
         )
 
-    def uri(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("uri", metavar="URI", help=f"the store: {_STORE_URIS}")
+    def uri(parser: argparse.ArgumentParser, schemes: str = _STORE_URIS) -> None:
+        parser.add_argument("uri", metavar="URI", help=f"the store: {schemes}")
 
     def session(parser: argparse.ArgumentParser) -> None:
         uri(parser)
@@ -211,7 +218,7 @@ def _store_commands(commands: Any) -> None:
         "into DEST (new, or an empty directory); the copy opens as lmdb://DEST and is "
         "verified before the command succeeds.",
     )
-    uri(backup)
+    uri(backup, _LMDB_URI)
     backup.add_argument("dest", metavar="DEST", help="a new or empty directory")
 
     compact = add(
@@ -220,7 +227,7 @@ def _store_commands(commands: Any) -> None:
         "Copy the store with compaction next to it, verify the copy and swap its file "
         "in by one rename. Refused while another process has the store open.",
     )
-    uri(compact)
+    uri(compact, _LMDB_URI)
 
     upgrade = add(
         "upgrade",
@@ -229,7 +236,7 @@ def _store_commands(commands: Any) -> None:
         "earlier format, in one crash-safe transaction. Refused while another process "
         "has the store open.",
     )
-    uri(upgrade)
+    uri(upgrade, _LMDB_URI)
 
     export = add(
         "export",
@@ -409,10 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except UsageError as error:
         _fail(args.command, str(error))
+        _json_error(args, "UsageError", str(error))
         return 2
     except OutputPathError as error:
         # An output path refused before anything was written: bad input.
         _fail(args.command, str(error))
+        _json_error(args, type(error).__name__, str(error))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -426,10 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra is None:
             raise
         _fail(args.command, f"this needs {error.name}: pip install 'sessionscope[{extra}]'")
+        _json_error(args, type(error).__name__, f"this needs {error.name}")
         return 1
     except (SessionscopeError, OSError, ValueError) as error:
         # A refused dump is a ValueError; a store that fails is a StoreError.
         _fail(args.command, f"{type(error).__name__}: {error}")
+        _json_error(args, type(error).__name__, str(error))
         return 1
 
 
@@ -437,3 +448,24 @@ def _fail(command: str, message: str) -> None:
     """Print one line on stderr: which command failed and why."""
     line = " ".join(message.split())
     print(f"sessionscope {command}: error: {line}", file=sys.stderr)
+
+
+def _json_error(args: argparse.Namespace, kind: str, message: str) -> None:
+    """With --json, also print the error as one JSON object on stdout, for scripts.
+
+    ``{"error": {"type": ..., "message": ..., "hint": ...}}``; the exit code
+    and the line on stderr stay as they are.
+    """
+    if getattr(args, "json", None) is not True:  # replay's --json names a file
+        return
+    import re
+
+    text = " ".join(message.split())
+    # A password in a URI never reaches the output.
+    text = re.sub(r"(://[^/@\s:]*:)[^@\s/]*@", r"\1***@", text)
+    head, found, rest = text.rpartition(" (hint: ")
+    hint = None
+    if found and rest.endswith(")"):
+        text, hint = head, rest[:-1]
+    document = {"error": {"type": kind, "message": text, "hint": hint}}
+    print(json.dumps(document, ensure_ascii=False))

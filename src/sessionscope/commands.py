@@ -23,8 +23,12 @@ from typing import Any
 
 from .cli import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
-from .errors import CorruptStoreError, IncompatibleStoreError, SessionscopeError
-from .outfile import check_output
+from .errors import (
+    CorruptStoreError,
+    IncompatibleStoreError,
+    SessionscopeError,
+    UnsafeStoreError,
+)
 from .ops import (
     VERIFY_HINT,
     MissingStoreError,
@@ -32,6 +36,7 @@ from .ops import (
     check_store,
     compact,
     describe_event,
+    file_options,
     jsonable,
     list_apps,
     list_users,
@@ -42,6 +47,7 @@ from .ops import (
     session_records,
     store_stats,
 )
+from .outfile import check_output
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession
 from .stores.lmdb import FORMAT_VERSION
@@ -534,14 +540,22 @@ def backup_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_options(uri: str) -> dict[str, Any]:
+    try:
+        return file_options(uri)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def upgrade_command(args: argparse.Namespace) -> int:
     """Bring a closed LMDB store to the current store format, in place."""
     path = _lmdb_only(args.uri, "upgrade")
     if not (path / "data.mdb").is_file():
         raise UsageError(f"no store: {path} holds none")
     try:
-        before = LmdbStore.upgrade(path)
-    except IncompatibleStoreError as error:
+        before = LmdbStore.upgrade(path, **_file_options(args.uri))
+    except (IncompatibleStoreError, UnsafeStoreError) as error:
+        # A path that is no store, or files that must not be opened: bad input.
         raise UsageError(str(error)) from None
     document = {"path": str(path), "format_before": before, "format": FORMAT_VERSION}
 
@@ -561,9 +575,9 @@ def compact_command(args: argparse.Namespace) -> int:
         raise UsageError(f"no store: {path} holds none")
     try:
         with _progress(args, None, "compact") as bar:
-            result = compact(path)
+            result = compact(path, **_file_options(args.uri))
             bar.update(1, 1)
-    except IncompatibleStoreError as error:
+    except (IncompatibleStoreError, UnsafeStoreError) as error:
         raise UsageError(str(error)) from None
 
     def text() -> str:

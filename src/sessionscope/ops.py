@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .codec import decode_event, pack
 from .errors import CorruptStoreError, SessionscopeError, StoreError
+from .outfile import make_directory
 from .stores import LmdbStore, Store, open_store
 from .stores.base import ListPosition, SessionRecord, list_position
-from .outfile import make_directory
 from .stores.lmdb import path_uri
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "compact",
     "describe_event",
     "event_pages",
+    "file_options",
     "jsonable",
     "list_apps",
     "list_users",
@@ -58,6 +59,25 @@ def lmdb_path(uri: str) -> Path | None:
     if parts.scheme != "lmdb":
         return None
     return Path(unquote(parts.netloc + parts.path))
+
+
+def file_options(uri: str) -> dict[str, Any]:
+    """Return the ``file_mode`` and ``trust_directory`` an ``lmdb://`` URI's query gives.
+
+    What compact and upgrade check a store's directory and files with, as
+    opening the store would. A malformed value is a ``ValueError``.
+    """
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    options: dict[str, Any] = {}
+    for name, text in parse_qsl(urlsplit(uri).query, keep_blank_values=True):
+        try:
+            if name == "file_mode":
+                options[name] = int(text, 8)
+            elif name == "trust_directory":
+                options[name] = words[text.lower()]
+        except (ValueError, KeyError):
+            raise ValueError(f"lmdb:// option {name}={text!r} is malformed") from None
+    return options
 
 
 def open_existing(uri: str) -> Store:
@@ -494,13 +514,18 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     }
 
 
-def compact(path: Path) -> dict[str, Any]:
-    """Rewrite the LMDB store at ``path`` without free pages; refuse while it is open elsewhere."""
+def compact(path: Path, **options: Any) -> dict[str, Any]:
+    """Rewrite the LMDB store at ``path`` without free pages; refuse while it is open elsewhere.
+
+    ``options`` are ``file_mode`` and ``trust_directory``, as opening takes them.
+    """
     if not (path / "data.mdb").is_file():
         raise MissingStoreError(f"{path} holds no store")
     started = time.perf_counter()
     checked: list[CheckReport] = []
-    before, after = LmdbStore.compact(path, lambda copy: checked.append(_check_copy(copy)))
+    before, after = LmdbStore.compact(
+        path, lambda copy: checked.append(_check_copy(copy)), **options
+    )
     return {
         "path": str(path),
         "bytes_before": before,

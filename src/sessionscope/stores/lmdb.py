@@ -366,53 +366,8 @@ class LmdbStore:
     # -- opening ---------------------------------------------------------
 
     def _check_files(self, trust_directory: bool) -> None:
-        """Refuse a directory others could write to, and planted links.
-
-        LMDB writes its lock table into lock.mdb and pages into data.mdb
-        wherever the names lead; a link would have it overwrite the file it
-        points to. A directory another user owns or may write to lets them
-        swap those files.
-        """
-        path = self.path
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            raise _open_failure(path, error) from error
-        if not stat.S_ISDIR(info.st_mode):
-            raise IncompatibleStoreError(
-                f"{path} is not a directory", hint="give the path of a store directory"
-            )
-        if not trust_directory:
-            if info.st_uid != os.geteuid():
-                raise UnsafeStoreError(
-                    f"{path} is owned by user {info.st_uid}, not by this process's user",
-                    hint="open stores you own, or pass trust_directory=True",
-                )
-            # Group or others may write only where file_mode lets them.
-            extra = info.st_mode & 0o022 & ~self._file_mode
-            if extra:
-                raise UnsafeStoreError(
-                    f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
-                    f"(mode {stat.S_IMODE(info.st_mode):o})",
-                    hint="chmod go-w the directory, give a file_mode that shares it, "
-                    "or pass trust_directory=True",
-                )
-        for name in ("data.mdb", "lock.mdb"):
-            try:
-                entry = os.lstat(path / name)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(entry.st_mode):
-                raise UnsafeStoreError(
-                    f"{path / name} is a symbolic link",
-                    hint="a store's files must be plain files: remove the link",
-                )
-            if not stat.S_ISREG(entry.st_mode):
-                raise IncompatibleStoreError(
-                    f"{path / name} is not a file", hint="pick an empty or new directory"
-                )
+        """Refuse a directory others could write to, and planted links."""
+        _check_store_files(self.path, self._file_mode, trust_directory)
 
     @staticmethod
     def _probe(path: Path, verify: bool = False) -> None:
@@ -1905,7 +1860,12 @@ class LmdbStore:
 
     @classmethod
     def compact(
-        cls, path: str | os.PathLike[str], check: Callable[[Path], None]
+        cls,
+        path: str | os.PathLike[str],
+        check: Callable[[Path], None],
+        *,
+        file_mode: int = 0o600,
+        trust_directory: bool = False,
     ) -> tuple[int, int]:
         """Rewrite a store no process has open without free pages; return sizes before, after.
 
@@ -1919,10 +1879,12 @@ class LmdbStore:
         """
         root = Path(path)
         data = root / "data.mdb"
+        # What opening checks, first: no file is opened through a link, a FIFO or a device.
+        _check_store_files(root, file_mode, trust_directory)
         if not data.is_file():
             raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
         cls._probe(root)
-        with _sole_user(root):
+        with _sole_user(root, "compact"):
             before = data.stat().st_size
             temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
             try:
@@ -1944,7 +1906,9 @@ class LmdbStore:
             return before, data.stat().st_size
 
     @classmethod
-    def upgrade(cls, path: str | os.PathLike[str]) -> int:
+    def upgrade(
+        cls, path: str | os.PathLike[str], *, file_mode: int = 0o600, trust_directory: bool = False
+    ) -> int:
         """Bring a store no process has open to the current format, in place; return its old one.
 
         Format 1 to 2 is one write transaction: each session gets its list
@@ -1956,10 +1920,11 @@ class LmdbStore:
         open: such a process would go on writing without the list index.
         """
         root = Path(path)
+        _check_store_files(root, file_mode, trust_directory)
         if not (root / "data.mdb").is_file():
             raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
         cls._probe(root)
-        with _sole_user(root):
+        with _sole_user(root, "upgrade"):
             try:
                 env = lmdb.open(str(root), lock=False, max_dbs=len(_DB_NAMES) + 2)
                 try:
@@ -1978,6 +1943,60 @@ class LmdbStore:
             except lmdb.Error as error:
                 raise _lmdb_failure(f"upgrading {root}", error) from error
         return version
+
+
+def _check_store_files(path: Path, file_mode: int = 0o600, trust_directory: bool = False) -> None:
+    """Refuse a directory others could write to, and planted links.
+
+    LMDB writes its lock table into lock.mdb and pages into data.mdb
+    wherever the names lead; a link would have it overwrite the file it
+    points to. A directory another user owns or may write to lets them
+    swap those files. What opening a store checks, and compacting and
+    upgrading one, before any file is opened: a FIFO or a device there
+    is refused too, never opened.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise _open_failure(path, error) from error
+    if not stat.S_ISDIR(info.st_mode):
+        raise IncompatibleStoreError(
+            f"{path} is not a directory", hint="give the path of a store directory"
+        )
+    if not trust_directory:
+        if info.st_uid != os.geteuid():
+            raise UnsafeStoreError(
+                f"{path} is owned by user {info.st_uid}, not by this process's user",
+                hint="open stores you own, or trust the directory: trust_directory=True in "
+                "Python, ?trust_directory=yes in the URI",
+            )
+        # Group or others may write only where file_mode lets them.
+        extra = info.st_mode & 0o022 & ~file_mode
+        if extra:
+            raise UnsafeStoreError(
+                f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
+                f"(mode {stat.S_IMODE(info.st_mode):o})",
+                hint="chmod go-w the directory, give a file_mode that shares it, "
+                "or pass trust_directory=True",
+            )
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            entry = os.lstat(path / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(entry.st_mode):
+            raise UnsafeStoreError(
+                f"{path / name} is a symbolic link",
+                hint="a store's files must be plain files: remove the link",
+            )
+        if not stat.S_ISREG(entry.st_mode):
+            raise IncompatibleStoreError(
+                f"{path / name} is not a file",
+                hint="a store's data.mdb and lock.mdb must be plain files: remove it, "
+                "or pick an empty or new directory",
+            )
 
 
 def _upgrade_to_2(env: Any) -> None:
@@ -2377,7 +2396,7 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _sole_user(path: Path) -> Iterator[None]:
+def _sole_user(path: Path, command: str) -> Iterator[None]:
     """Hold LMDB's lock on a store exclusively, or refuse: another process has it open.
 
     Every process with the store open holds a shared fcntl lock on the first
@@ -2385,10 +2404,27 @@ def _sole_user(path: Path) -> Iterator[None]:
     opening it first tries the exclusive lock and then waits for the shared
     one. So taking the exclusive lock both proves that no process has the
     store open and keeps any from opening it until this one is done.
+    ``command`` (compact, upgrade) is what the refusal's hint says to run
+    again. The lock file is opened without following a link and without
+    waiting on a FIFO, and must be a plain file.
     """
     mode = (path / "data.mdb").stat().st_mode & 0o666
-    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    lock_file = path / "lock.mdb"
     try:
+        fd = os.open(lock_file, flags, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeStoreError(
+                f"{lock_file} is a symbolic link",
+                hint="a store's files must be plain files: remove the link",
+            ) from None
+        raise _open_failure(path, error) from error
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IncompatibleStoreError(
+                f"{lock_file} is not a file", hint="a store's lock.mdb must be a plain file"
+            )
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
         except OSError:
@@ -2396,7 +2432,8 @@ def _sole_user(path: Path) -> Iterator[None]:
             who = f" (pid {holder})" if holder else ""
             raise StoreError(
                 f"{path} is open in another process{who}",
-                hint="close every process that uses the store, then compact it",
+                hint=f"close every process that has the store open, then run "
+                f"`sessionscope {command} {path_uri(path)}` again",
             ) from None
         yield
         # The lock table describes the old file: empty it, so that a process
