@@ -1751,6 +1751,7 @@ class LmdbStore:
         events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
         ids: dict[bytes, bytes] = {}
         times: set[bytes] = set()
+        broken: set[bytes] = set()  # seqs of events that do not decode
         for key, value in entries:
             kind = key[8:9]
             if kind == _EVENT:
@@ -1762,6 +1763,9 @@ class LmdbStore:
                     problems.append(
                         f"{label}: event {position} does not decode: {_without_hint(error)}"
                     )
+                    # Counted, but its index entries cannot be checked: one
+                    # finding for one damaged event.
+                    broken.add(seq)
                     continue
                 events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
             elif kind == _EVENT_ID:
@@ -1780,8 +1784,8 @@ class LmdbStore:
                 problems.append(f"{label}: event {position} is earlier than the one before it")
             previous = events[seq][0]
         counted = record.stored_count
-        if len(events) != counted:
-            problems.append(f"{label}: counts {counted} events, stores {len(events)}")
+        if len(events) + len(broken) != counted:
+            problems.append(f"{label}: counts {counted} events, stores {len(events) + len(broken)}")
         for seq, (stamp, id_part) in events.items():
             position = _U64.unpack(seq)[0]
             if position >= record.event_count:
@@ -1791,9 +1795,13 @@ class LmdbStore:
             if timed and stamp + seq not in times:
                 problems.append(f"{label}: event {position} is missing from the time index")
         for id_part, seq in ids.items():
+            if seq in broken:
+                continue
             if seq not in events or events[seq][1] != id_part:
                 problems.append(f"{label}: an id index entry points at no event with that id")
         for entry in times:
+            if entry[8:] in broken:
+                continue
             known = events.get(entry[8:])
             if known is None or known[0] != entry[:8]:
                 problems.append(f"{label}: a time index entry points at no event of that time")
@@ -1978,8 +1986,9 @@ def _check_store_files(path: Path, file_mode: int = 0o600, trust_directory: bool
             raise UnsafeStoreError(
                 f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
                 f"(mode {stat.S_IMODE(info.st_mode):o})",
-                hint="chmod go-w the directory, give a file_mode that shares it, "
-                "or pass trust_directory=True",
+                hint="chmod go-w the directory, give a file_mode that shares it "
+                "(file_mode=0o660 in Python, ?file_mode=660 in the URI), or trust the "
+                "directory (trust_directory=True, ?trust_directory=yes)",
             )
     for name in ("data.mdb", "lock.mdb"):
         try:
