@@ -404,17 +404,19 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
             report.add(f"structure: {reason(error)}")
             return report
     apps = list_apps(store)
+    # On LMDB the layout check reads every event, and reports the progress.
+    each = None if isinstance(store, LmdbStore) else progress
     # A first pass over the records alone, for the progress bar's total.
-    total = sum(1 for app in apps for _ in session_records(store, app)) if progress else 0
+    total = sum(1 for app in apps for _ in session_records(store, app)) if each else 0
     done = 0
     for app in apps:
         for record in session_records(store, app):
             _check_session(store, record, report)
             done += 1
-            if progress is not None:
-                progress(done, max(total, done))
+            if each is not None:
+                each(done, max(total, done))
     if isinstance(store, LmdbStore):
-        for problem in store.check_layout():
+        for problem in store.check_layout(progress):
             report.add(problem)
     return report
 

@@ -47,6 +47,8 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -1648,27 +1650,12 @@ class LmdbStore:
         """
 
         def check(txn: Any) -> list[str]:
+            # Memory stays bounded however large the store: one record and
+            # one data entry at a time, point lookups for the index entries,
+            # and the sorted numbers of the records (8 bytes a session).
             problems: list[str] = []
-            records: dict[bytes, SessionRecord] = {}
-            # The list index entry each record should have: key -> (its key, label).
-            listed: dict[bytes, tuple[bytes, str]] = {}
             meta = self._dbs[b"meta"]
             (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
-            for key, value in txn.cursor(db=self._sessions):
-                record = SessionRecord.from_list(unpack(value))
-                label = _label(record)
-                ids = (record.app_name, record.user_id, record.session_id)
-                if key != b"".join(_part(text) for text in ids):
-                    problems.append(f"{label}: its record is stored under another session's key")
-                number = _U64.pack(record.number)
-                if number in records:
-                    problems.append(f"{label}: shares number {record.number} with another session")
-                if record.number >= next_number:
-                    problems.append(f"{label}: number {record.number} is not below the counter")
-                records[number] = record
-                listed[_list_key(record)] = (key, label)
-            if self._listing is not None:
-                self._check_listing(txn, listed, problems)
             # Numbers queued for purging lost their record on purpose.
             purging: set[bytes] = set()
             queue = txn.cursor(db=meta)
@@ -1677,136 +1664,155 @@ class LmdbStore:
                     if not key.startswith(_PURGE):
                         break
                     purging.add(key[len(_PURGE) :])
-            total = len(records)
-            done = 0
-            cursor = txn.cursor(db=self._data)
-            seen: set[bytes] = set()
-            group: list[tuple[bytes, bytes]] = []
-            current = b""
-            for key, value in cursor:
-                if key[:8] != current and group:
-                    done += 1
-                    if current not in purging:
-                        self._check_group(
-                            current, group, records.get(current), problems, self.format
-                        )
-                    seen.add(current)
-                    group = []
-                    if progress is not None:
-                        progress(done, total)
-                current = key[:8]
-                group.append((key, value))
-            if group and current not in purging:
-                self._check_group(current, group, records.get(current), problems, self.format)
-                seen.add(current)
-            for number, record in records.items():
-                if number not in seen and record.stored_count:
-                    problems.append(
-                        f"{_label(record)}: counts {record.stored_count} events, stores none"
-                    )
+            total = txn.stat(self._sessions)["entries"]
+            numbers = array("Q")
+            data = txn.cursor(db=self._data)
+            lookup = txn.cursor(db=self._data)
+            for done, (key, value) in enumerate(txn.cursor(db=self._sessions), start=1):
+                record = SessionRecord.from_list(unpack(value))
+                label = _label(record)
+                ids = (record.app_name, record.user_id, record.session_id)
+                if key != b"".join(_part(text) for text in ids):
+                    problems.append(f"{label}: its record is stored under another session's key")
+                if record.number >= next_number:
+                    problems.append(f"{label}: number {record.number} is not below the counter")
+                numbers.append(record.number)
+                if (
+                    self._listing is not None
+                    and txn.get(_list_key(record), db=self._listing) != key
+                ):
+                    problems.append(f"{label}: missing from the list index")
+                number = _U64.pack(record.number)
+                if number not in purging:
+                    self._check_group(data, lookup, number, record, problems, self.format)
+                if progress is not None:
+                    progress(done, total)
+            numbers = array("Q", sorted(numbers))
+            for previous, number in pairwise(numbers):
+                if previous == number:
+                    problems.append(f"number {number} is shared by two session records")
+            if self._listing is not None:
+                self._check_listing(txn, problems)
+            self._check_orphans(data, numbers, purging, problems)
             if progress is not None:
                 progress(total, total)
             return problems
 
         return self._read(check)
 
-    def _check_listing(
-        self, txn: Any, listed: dict[bytes, tuple[bytes, str]], problems: list[str]
-    ) -> None:
-        """Check the list index against the session records (``listed``: what it should hold)."""
-        found: set[bytes] = set()
+    def _check_listing(self, txn: Any, problems: list[str]) -> None:
+        """Check that every list index entry names a record listed at that entry."""
         for key, value in txn.cursor(db=self._listing):
-            wanted = listed.get(key)
-            if wanted is None or wanted[0] != value:
+            stored = txn.get(value, db=self._sessions)
+            if stored is None or _list_key(SessionRecord.from_list(unpack(stored))) != key:
                 problems.append(
                     f"a list index entry (time and number {key[-16:].hex()}) names no session "
                     "of that time"
                 )
-            else:
-                found.add(key)
-        for key, (_, label) in listed.items():
-            if key not in found:
-                problems.append(f"{label}: missing from the list index")
+
+    @staticmethod
+    def _check_orphans(
+        data: Any, numbers: array[int], purging: set[bytes], problems: list[str]
+    ) -> None:
+        """Report data under a number no record has (and no purge is queued for)."""
+        positioned = data.first()
+        while positioned:
+            number = data.key()[:8]
+            (value,) = _U64.unpack(number)
+            index = bisect_left(numbers, value)
+            if (index == len(numbers) or numbers[index] != value) and number not in purging:
+                count = 0
+                while positioned and data.key()[:8] == number:
+                    count += 1
+                    positioned = data.next()
+                problems.append(
+                    f"session number {value}: {count} entries without a session record (orphaned)"
+                )
+                continue
+            after = _after(number)
+            positioned = after is not None and data.set_range(after)
 
     @staticmethod
     def _check_group(
+        data: Any,
+        lookup: Any,
         number: bytes,
-        entries: list[tuple[bytes, bytes]],
-        record: SessionRecord | None,
+        record: SessionRecord,
         problems: list[str],
         version: int,
     ) -> None:
-        """Check the data entries of one session number against its record.
+        """Check the data entries of one session against its record, one entry at a time.
 
         A session keeps a time index in format 1, and in format 2 when its
-        record says so; without one, its events must be in time order.
+        record says so; without one, its events must be in time order. An
+        event that does not decode is one finding: it is counted, and the
+        index entries that point at it are not checked.
         """
-        if record is None:
-            problems.append(
-                f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
-                "session record (orphaned)"
-            )
-            return
         label = _label(record)
-        events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
-        ids: dict[bytes, bytes] = {}
-        times: set[bytes] = set()
-        broken: set[bytes] = set()  # seqs of events that do not decode
-        for key, value in entries:
+        timed = version == 1 or record.time_indexed
+        stored = times = 0
+        found_any = False
+        previous = b""
+        last_id: bytes | None = None
+        event_prefix = number + _EVENT
+        positioned = data.set_range(number)
+        while positioned and data.key().startswith(number):
+            key, value = data.item()
+            found_any = True
             kind = key[8:9]
             if kind == _EVENT:
+                stored += 1
                 seq = key[9:17]
+                position = _U64.unpack(seq)[0]
+                if position >= record.event_count:
+                    problems.append(f"{label}: event {position} lies past the record's count")
+                stamp = _sortable_time(_F64.unpack_from(value)[0])
+                if not timed and stamp < previous:
+                    problems.append(f"{label}: event {position} is earlier than the one before it")
+                previous = stamp
                 try:
-                    event_id = decode_event(value[8:])["id"]
+                    id_part = _unique_part(decode_event(value[8:])["id"])
                 except Exception as error:  # any undecodable record is a finding
-                    position = _U64.unpack(seq)[0]
                     problems.append(
                         f"{label}: event {position} does not decode: {_without_hint(error)}"
                     )
-                    # Counted, but its index entries cannot be checked: one
-                    # finding for one damaged event.
-                    broken.add(seq)
+                    positioned = data.next()
                     continue
-                events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
+                if position == record.event_count - 1:
+                    last_id = id_part
+                if lookup.get(number + _EVENT_ID + id_part) != seq:
+                    problems.append(f"{label}: event {position} is missing from the id index")
+                if timed and not lookup.set_key(number + _EVENT_TIME + stamp + seq):
+                    problems.append(f"{label}: event {position} is missing from the time index")
             elif kind == _EVENT_ID:
-                ids[key[9:]] = value
+                event = lookup.get(event_prefix + value)
+                if event is None:
+                    problems.append(f"{label}: an id index entry points at no event with that id")
+                else:
+                    try:
+                        event_id = decode_event(event[8:])["id"]
+                    except Exception:  # reported where the event itself is checked
+                        event_id = None
+                    if event_id is not None and _unique_part(event_id) != key[9:]:
+                        problems.append(
+                            f"{label}: an id index entry points at no event with that id"
+                        )
             elif kind == _EVENT_TIME:
-                times.add(key[9:])
+                times += 1
+                event = lookup.get(event_prefix + key[17:25])
+                if event is None or _sortable_time(_F64.unpack_from(event)[0]) != key[9:17]:
+                    problems.append(f"{label}: a time index entry points at no event of that time")
             elif kind != _STATE:
                 problems.append(f"{label}: an entry of unknown kind {kind!r}")
-        timed = version == 1 or record.time_indexed
+            positioned = data.next()
         if not timed and times:
-            problems.append(f"{label}: {len(times)} time index entries, but it keeps no time index")
-        previous = b""
-        for seq in sorted(events):
-            if not timed and events[seq][0] < previous:
-                position = _U64.unpack(seq)[0]
-                problems.append(f"{label}: event {position} is earlier than the one before it")
-            previous = events[seq][0]
+            problems.append(f"{label}: {times} time index entries, but it keeps no time index")
         counted = record.stored_count
-        if len(events) + len(broken) != counted:
-            problems.append(f"{label}: counts {counted} events, stores {len(events) + len(broken)}")
-        for seq, (stamp, id_part) in events.items():
-            position = _U64.unpack(seq)[0]
-            if position >= record.event_count:
-                problems.append(f"{label}: event {position} lies past the record's count")
-            if ids.get(id_part) != seq:
-                problems.append(f"{label}: event {position} is missing from the id index")
-            if timed and stamp + seq not in times:
-                problems.append(f"{label}: event {position} is missing from the time index")
-        for id_part, seq in ids.items():
-            if seq in broken:
-                continue
-            if seq not in events or events[seq][1] != id_part:
-                problems.append(f"{label}: an id index entry points at no event with that id")
-        for entry in times:
-            if entry[8:] in broken:
-                continue
-            known = events.get(entry[8:])
-            if known is None or known[0] != entry[:8]:
-                problems.append(f"{label}: a time index entry points at no event of that time")
-        last = events.get(_U64.pack(record.event_count - 1)) if record.event_count else None
-        if last is not None and last[1] != _unique_part(record.last_event_id or ""):
+        if not found_any and counted:
+            problems.append(f"{label}: counts {counted} events, stores none")
+        elif stored != counted:
+            problems.append(f"{label}: counts {counted} events, stores {stored}")
+        if last_id is not None and last_id != _unique_part(record.last_event_id or ""):
             problems.append(f"{label}: the record's last event id is not its last event's")
 
     def space(self) -> dict[str, int]:
