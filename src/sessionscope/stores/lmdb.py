@@ -1688,9 +1688,9 @@ class LmdbStore:
                 if progress is not None:
                     progress(done, total)
             numbers = array("Q", sorted(numbers))
-            for previous, number in pairwise(numbers):
-                if previous == number:
-                    problems.append(f"number {number} is shared by two session records")
+            for previous, following in pairwise(numbers):
+                if previous == following:
+                    problems.append(f"number {following} is shared by two session records")
             if self._listing is not None:
                 self._check_listing(txn, problems)
             self._check_orphans(data, numbers, purging, problems)

@@ -1,0 +1,146 @@
+"""The store commands run in memory that does not grow with the store.
+
+Each command runs as a real process on a store built here, and again on a
+store ten times larger (ten times the sessions, and one session with ten
+times the events); its peak memory may differ by a small fixed bound only.
+
+Memory is the process's anonymous memory (``RssAnon`` in ``/proc``: its
+heap), sampled while the command runs, not ``ru_maxrss``: the resident set
+also counts the pages of the LMDB map a read touched, which any read of a
+whole store touches, although they are the file's cached pages and not
+memory the process holds.
+
+Run as a script, this module is that child: ``python test_cli_streaming.py
+ARGS...`` runs ``sessionscope ARGS...`` and prints its peak in KiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+# How much more memory a command may take on the larger store.
+BOUND_KIB = 8 * 1024
+START = 1_700_000_000.0
+
+
+def _anon_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def _measure(argv: list[str]) -> None:
+    """Run the command line in this process and print the peak of its anonymous memory."""
+    peak = _anon_kib()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.002):
+            peak = max(peak, _anon_kib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    from sessionscope.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    done.set()
+    sampler.join()
+    print(code, max(peak, _anon_kib()))
+
+
+def build(path: Path, sessions: int, events: int) -> None:
+    """Write ``sessions`` sessions of two events under 100 users, and one of ``events``."""
+    from sessionscope import LmdbStore
+    from sessionscope.codec import pack_event
+    from sessionscope.stores.base import EventCopy, SessionCopy, event_copy
+
+    def event(sid: str, i: int) -> EventCopy:
+        record = {
+            "id": f"{sid}-{i}",
+            "timestamp": START + i,
+            "author": "agent",
+            "content": {"parts": [{"text": "x" * 150}]},
+            "actions": {"state_delta": {}},
+        }
+        return event_copy(pack_event(record))
+
+    store = LmdbStore(path, durability="deferred", map_size=256 << 20)
+    try:
+        for k in range(sessions):
+            sid = f"s{k}"
+            pair = [event(sid, 0), event(sid, 1)]
+            copy = SessionCopy("app", f"u{k % 100}", sid, START + k, START + k + 1, [], pair)
+            store.restore_session(copy).result()
+        big = [event("big", i) for i in range(events)]
+        store.restore_session(
+            SessionCopy("app", "big", "big", START, START + events, [], big)
+        ).result()
+        store.flush().result()
+    finally:
+        store.close()
+
+
+def peak_kib(*args: str) -> int:
+    from _stores import child_env
+
+    done = subprocess.run(
+        [sys.executable, __file__, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+        check=False,
+    )
+    code, peak = done.stdout.split()
+    assert code == "0", done.stderr
+    return int(peak)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("streaming")
+    small, large = root / "small", root / "large"
+    build(small, 2_000, 10_000)
+    build(large, 20_000, 100_000)
+    return small, large
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ls"],
+        ["ls", "--app", "app"],
+        ["ls", "--app", "app", "--user", "big"],
+        ["stats"],
+        ["verify"],
+        ["export"],
+    ],
+    ids=" ".join,
+)
+def test_memory_does_not_grow_with_the_store(
+    stores: tuple[Path, Path], tmp_path: Path, command: list[str]
+) -> None:
+    peaks = []
+    for store in stores:
+        args = [command[0], f"lmdb://{store}", *command[1:]]
+        if command[0] == "export":
+            args.append(str(tmp_path / f"{store.name}.dump"))
+        peaks.append(peak_kib(*args))
+    small, large = peaks
+    assert large - small < BOUND_KIB, f"{command}: {small} KiB, then {large} KiB"
+
+
+if __name__ == "__main__":
+    _measure(sys.argv[1:])
