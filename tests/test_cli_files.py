@@ -164,7 +164,9 @@ def test_export_never_writes_over_a_store_another_process_has_open(
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "ready"
-        refused(run("export", uri(store), str(other / "data.mdb")), "exists")
+        for name in ("data.mdb", "lock.mdb", "new.dump"):
+            refused(run("export", uri(store), str(other / name)), "store directory")
+        refused(run("backup", uri(store), str(other / "copy")), "store directory")
     finally:
         if holder.poll() is None:
             os.kill(holder.pid, signal.SIGKILL)
@@ -172,6 +174,7 @@ def test_export_never_writes_over_a_store_another_process_has_open(
         assert holder.stdout is not None
         holder.stdout.close()
     assert (other / "data.mdb").read_bytes() == before
+    assert listing(other) == ["data.mdb", "lock.mdb"]
 
 
 @pytest.mark.parametrize("command", ["export", "export-trace", "generate", "backup"])

@@ -4,9 +4,13 @@ Exit codes: 0 success; 1 the command ran and found a problem or failed (a
 store that does not verify, a damaged or busy store, a refused dump, a
 migration whose copies differ, a replay whose verification failed); 2 bad
 usage or input (unknown URI scheme, a path that holds no store or a store
-of a newer format, a non-empty backup directory, a missing or malformed
+of a newer format, store files that are links, FIFOs or devices, an output
+path that exists, is not a new file, lies in a store's directory or whose
+directory is missing, a non-empty backup directory, a missing or malformed
 trace). ``tail --follow`` runs until interrupted (Ctrl-C or SIGTERM) and
-then exits 0. Every failure is one line on stderr, never a traceback.
+then exits 0. Every failure is one line on stderr, never a traceback; with
+``--json`` it is also one JSON object on stdout,
+``{"error": {"type": ..., "message": ..., "hint": ...}}``.
 
 Only argparse is imported at start: each command imports what it needs, so
 ``sessionscope --help`` stays fast.

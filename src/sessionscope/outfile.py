@@ -7,8 +7,10 @@ linked to ``OUT`` once complete: a link never replaces an existing name, so
 an existing ``OUT`` is refused rather than overwritten, and a planted
 ``OUT.partial`` (a link, a FIFO, another run's file) is refused rather than
 followed or removed. The parent directory must exist: it is never created.
-A destination inside a store's directory is refused, compared by device and
-inode so that neither a link nor ``..`` in the path gets past the check.
+A destination inside a store's directory is refused: the directory of the
+store being read, compared by device and inode so that neither a link nor
+``..`` in the path gets past the check, and any directory holding an LMDB
+``data.mdb`` or ``lock.mdb``.
 On any failure the ``.partial`` this call created is removed, never another.
 """
 
@@ -125,6 +127,13 @@ def _check_parent(target: Path, protect: Iterable[Path]) -> None:
         if (info.st_dev, info.st_ino) == (parent_info.st_dev, parent_info.st_ino):
             raise OutputPathError(
                 f"{target} is inside the store directory {directory}",
+                hint="write the output outside the store's directory",
+            )
+    # Any LMDB store's directory, open in another process or not.
+    for name in ("data.mdb", "lock.mdb"):
+        if os.path.lexists(parent / name):
+            raise OutputPathError(
+                f"{target} is inside a store directory ({parent} holds {name})",
                 hint="write the output outside the store's directory",
             )
 
