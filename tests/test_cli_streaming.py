@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+
+from _redis import RedisServer
 
 # How much more memory a command may take on the larger store.
 BOUND_KIB = 8 * 1024
@@ -140,6 +144,80 @@ def test_memory_does_not_grow_with_the_store(
         peaks.append(peak_kib(*args))
     small, large = peaks
     assert large - small < BOUND_KIB, f"{command}: {small} KiB, then {large} KiB"
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "memory"])
+def test_event_pages_read_every_stored_event_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Pages of 3 over a session with gaps (a truncation by time) give what one read gives."""
+    from sessionscope import Event, SyncSessionService, open_store, ops
+
+    monkeypatch.setattr(ops, "EVENT_PAGE", 3)
+    uri = f"lmdb://{tmp_path / 'store'}" if kind == "lmdb" else "memory://"
+    with SyncSessionService(open_store(uri)) as svc:
+        session = svc.create_session(app_name="app", user_id="u", session_id="s")
+        # Times out of order: a truncation by time leaves gaps in the positions.
+        for i, stamp in enumerate([5, 1, 6, 2, 7, 3, 8, 4, 9, 10, 11]):
+            svc.append_event(session, Event(author="a", timestamp=START + stamp, id=f"e{i}"))
+        svc.truncate_events(app_name="app", user_id="u", session_id="s", before=START + 5)
+        store = svc.store
+        whole = store.load_session("app", "u", "s", None, None)
+        assert whole is not None
+        assert 0 < len(whole.events) < 11
+        pages = list(ops.event_pages(store, whole.record))
+        assert all(len(page) <= 3 for page in pages)
+        assert [event for page in pages for event in page] == whole.events
+
+
+def test_the_paged_commands_agree_on_every_store(tmp_path: Path, redis_server: RedisServer) -> None:
+    """ls, stats, verify and export read the same figures a page at a time on each store."""
+    from _stores import child_env
+    from sessionscope import Event, EventActions, SyncSessionService, open_store
+
+    uris = [f"lmdb://{tmp_path / 'store'}", f"{redis_server.url}?prefix=p{uuid.uuid4().hex}"]
+    for uri in uris:
+        with SyncSessionService(open_store(uri)) as svc:
+            for k in range(3):
+                session = svc.create_session(app_name="app", user_id="u", session_id=f"s{k}")
+                for i in range(5 * k):
+                    event = Event(author="a", content={"parts": [{"text": f"line {i}"}]})
+                    event.actions = EventActions(state_delta={"i": i})
+                    svc.append_event(session, event)
+            svc.truncate_events(app_name="app", user_id="u", session_id="s2", keep_last=7)
+    documents = []
+    for n, uri in enumerate(uris):
+        figures = []
+        for args in (
+            ["ls", uri, "--app", "app", "--user", "u"],
+            ["stats", uri],
+            ["verify", uri],
+            ["export", uri, str(tmp_path / f"out{n}.dump")],
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "sessionscope", *args, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=child_env(),
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            figures.append(json.loads(done.stdout))
+        ls, stats, verify, export = figures
+        documents.append(
+            (
+                [(r["session"], r["events"], r["bytes"]) for r in ls["sessions"]],
+                stats["totals"]["events"],
+                stats["totals"]["event_bytes"],
+                (verify["clean"], verify["sessions"], verify["events"]),
+                (export["sessions"], export["events"]),
+            )
+        )
+    lmdb_figures, redis_figures = documents
+    assert lmdb_figures == redis_figures
+    assert lmdb_figures[1] == 0 + 5 + 7
+    assert lmdb_figures[4] == (3, 12)
 
 
 if __name__ == "__main__":

@@ -195,7 +195,9 @@ def event_pages(store: Store, record: SessionRecord) -> Iterator[list[bytes]]:
         # Those appended since the listing are the last ones.
         yield loaded.events[: len(loaded.events) - (loaded.record.event_count - record.event_count)]
         return
-    start = record.removed_count
+    # From position 0: a truncation by time may keep early positions (gaps
+    # anywhere), and a paged read skips the gaps itself.
+    start = 0
     while start < record.event_count:
         read = reader(*ids, start, EVENT_PAGE)
         if read is None or read[0].number != record.number:
