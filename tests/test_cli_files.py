@@ -374,6 +374,11 @@ def test_json_errors_are_one_object_on_stdout(store: Path, tmp_path: Path) -> No
     assert error["message"] == f"{exists} exists"
     assert "nothing is overwritten" in error["hint"]
 
+    usage = run("ls", uri(store), "--limit", "0", "--json")
+    assert usage.returncode == 2
+    assert usage.stderr.count("\n") == 1
+    assert "--limit" in _json_error(usage)["message"]
+
     (store / "lock.mdb").unlink()
     os.symlink(tmp_path / "out", store / "lock.mdb")
     error = _json_error(run("compact", uri(store), "--json"))

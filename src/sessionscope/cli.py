@@ -54,9 +54,14 @@ class _Parser(argparse.ArgumentParser):
 
     # The top-level parser's command parsers, by name.
     command_parsers: Mapping[str, argparse.ArgumentParser]
+    # Whether the command line asks for --json: a usage error is then also
+    # one JSON object on stdout.
+    json_errors = False
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
+        if _Parser.json_errors:
+            _print_json_error("UsageError", line, f"see '{self.prog} --help'")
         self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
 
 
@@ -403,6 +408,8 @@ def _generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    _Parser.json_errors = "--json" in words and "replay" not in words
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # Reported by the command's own parser, which names the command.
@@ -471,5 +478,9 @@ def _json_error(args: argparse.Namespace, kind: str, message: str) -> None:
     hint = None
     if found and rest.endswith(")"):
         text, hint = head, rest[:-1]
-    document = {"error": {"type": kind, "message": text, "hint": hint}}
-    print(json.dumps(document, ensure_ascii=False))
+    _print_json_error(kind, text, hint)
+
+
+def _print_json_error(kind: str, message: str, hint: str | None) -> None:
+    document = {"error": {"type": kind, "message": message, "hint": hint}}
+    print(json.dumps(document, ensure_ascii=False), flush=True)
