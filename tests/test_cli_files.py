@@ -296,6 +296,23 @@ def test_a_fifo_store_file_is_refused_without_waiting(
     assert stat.S_ISFIFO(os.lstat(path / name).st_mode)
 
 
+@pytest.mark.parametrize("command", ["compact", "upgrade"])
+def test_a_directory_others_may_write_is_refused_as_opening_refuses_it(
+    store: Path, command: str
+) -> None:
+    before = (store / "data.mdb").read_bytes()
+    store.chmod(0o770)
+    try:
+        refused(run(command, uri(store)), "writable by group", "?file_mode=660")
+        assert (store / "data.mdb").read_bytes() == before
+        # The URI options opening takes are taken here too.
+        assert run(command, uri(store) + "?file_mode=660").returncode == 0
+        assert run(command, uri(store) + "?trust_directory=yes").returncode == 0
+        refused(run(command, uri(store) + "?file_mode=nine"), "file_mode")
+    finally:
+        store.chmod(0o700)
+
+
 def test_a_refused_upgrade_says_what_to_run(store: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, str(CHILDREN), "hold", str(store)],
