@@ -146,15 +146,19 @@ def test_memory_does_not_grow_with_the_store(
     assert large - small < BOUND_KIB, f"{command}: {small} KiB, then {large} KiB"
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "memory"])
+@pytest.mark.parametrize("kind", ["lmdb", "memory", "redis", "redis-cluster"])
 def test_event_pages_read_every_stored_event_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, kind: str
 ) -> None:
     """Pages of 3 over a session with gaps (a truncation by time) give what one read gives."""
     from sessionscope import Event, SyncSessionService, open_store, ops
 
     monkeypatch.setattr(ops, "EVENT_PAGE", 3)
-    uri = f"lmdb://{tmp_path / 'store'}" if kind == "lmdb" else "memory://"
+    if kind.startswith("redis"):
+        server = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+        uri = f"{server.url}?prefix=p{uuid.uuid4().hex}"
+    else:
+        uri = f"lmdb://{tmp_path / 'store'}" if kind == "lmdb" else "memory://"
     with SyncSessionService(open_store(uri)) as svc:
         session = svc.create_session(app_name="app", user_id="u", session_id="s")
         # Times out of order: a truncation by time leaves gaps in the positions.
@@ -168,6 +172,21 @@ def test_event_pages_read_every_stored_event_once(
         pages = list(ops.event_pages(store, whole.record))
         assert all(len(page) <= 3 for page in pages)
         assert [event for page in pages for event in page] == whole.events
+        # Positions come with the events, the gaps skipped; past the end, none.
+        page = store.read_events("app", "u", "s", 0, 100)
+        assert page is not None
+        positions = [position for position, _ in page[1]]
+        assert positions == sorted(positions)
+        assert len(positions) == len(whole.events) < positions[-1] + 1
+        assert store.read_events("app", "u", "s", positions[-1] + 1, 100) == (whole.record, [])
+        assert store.read_events("app", "u", "nope", 0, 100) is None
+        # A session appended to alone: the positions are all of them.
+        other = svc.create_session(app_name="app", user_id="u", session_id="t")
+        for i in range(4):
+            svc.append_event(other, Event(author="a", timestamp=START + i, id=f"t{i}"))
+        read = store.read_events("app", "u", "t", 1, 2)
+        assert read is not None
+        assert [position for position, _ in read[1]] == [1, 2]
 
 
 def test_the_paged_commands_agree_on_every_store(tmp_path: Path, redis_server: RedisServer) -> None:

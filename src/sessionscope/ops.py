@@ -181,25 +181,16 @@ def session_records(
 def event_pages(store: Store, record: SessionRecord) -> Iterator[list[bytes]]:
     """Yield the events ``record`` counts (the session as listed), ``EVENT_PAGE`` at a time.
 
-    Events appended since the record was read are left out. A store
-    without a paged read (``read_events``) yields all of them at once.
-    Raise ``SessionChangedError`` if the session was deleted, created
+    Events appended since the record was read are left out (``Store.read_events``
+    reads each page). Raise ``SessionChangedError`` if the session was deleted, created
     again or truncated meanwhile.
     """
     ids = (record.app_name, record.user_id, record.session_id)
-    reader = getattr(store, "read_events", None)
-    if reader is None:
-        loaded = store.load_session(*ids, None, None)
-        if loaded is None or loaded.record.number != record.number:
-            raise SessionChangedError(f"session {'/'.join(ids)} was deleted while it was read")
-        # Those appended since the listing are the last ones.
-        yield loaded.events[: len(loaded.events) - (loaded.record.event_count - record.event_count)]
-        return
     # From position 0: a truncation by time may keep early positions (gaps
     # anywhere), and a paged read skips the gaps itself.
     start = 0
     while start < record.event_count:
-        read = reader(*ids, start, EVENT_PAGE)
+        read = store.read_events(*ids, start, EVENT_PAGE)
         if read is None or read[0].number != record.number:
             raise SessionChangedError(f"session {'/'.join(ids)} was deleted while it was read")
         now, pairs = read

@@ -81,6 +81,7 @@ from .base import (
     BatchResult,
     Completion,
     EventCopy,
+    EventPage,
     Expirer,
     InlineAsyncStore,
     Items,
@@ -1032,7 +1033,7 @@ class LmdbStore:
 
     def read_events(
         self, app_name: str, user_id: str, session_id: str, start: int, limit: int
-    ) -> tuple[SessionRecord, list[tuple[int, bytes]]] | None:
+    ) -> EventPage | None:
         """Return a session's record and up to ``limit`` stored events from position ``start``.
 
         Each event comes with its position (positions count every event ever
@@ -1042,7 +1043,7 @@ class LmdbStore:
         session does not exist.
         """
 
-        def read(txn: Any) -> tuple[SessionRecord, list[tuple[int, bytes]]] | None:
+        def read(txn: Any) -> EventPage | None:
             record = self._record(txn, app_name, user_id, session_id)
             if record is None:
                 return None

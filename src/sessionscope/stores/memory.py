@@ -21,6 +21,7 @@ from .base import (
     BatchResult,
     Completion,
     EventCopy,
+    EventPage,
     Expirer,
     InlineAsyncStore,
     Items,
@@ -154,7 +155,7 @@ class MemoryStore:
 
     def read_events(
         self, app_name: str, user_id: str, session_id: str, start: int, limit: int
-    ) -> tuple[SessionRecord, list[tuple[int, bytes]]] | None:
+    ) -> EventPage | None:
         """Return a session's record and up to ``limit`` stored events from position ``start``.
 
         See ``LmdbStore.read_events``. None if the session does not exist.
