@@ -603,6 +603,7 @@ def test_a_store_of_a_newer_format_is_refused_unchanged(store_path: Path, tmp_pa
 
 def test_backup_copies_and_verifies(store_path: Path, tmp_path: Path) -> None:
     dest = tmp_path / "backups" / "today"
+    dest.parent.mkdir()  # a missing parent is refused (test_cli_files)
     doc = run_json("backup", uri_of(store_path), str(dest))
     assert doc["verified"] is True
     assert (doc["sessions"], doc["events"]) == (12, 42)

@@ -4,9 +4,13 @@ Exit codes: 0 success; 1 the command ran and found a problem or failed (a
 store that does not verify, a damaged or busy store, a refused dump, a
 migration whose copies differ, a replay whose verification failed); 2 bad
 usage or input (unknown URI scheme, a path that holds no store or a store
-of a newer format, a non-empty backup directory, a missing or malformed
+of a newer format, store files that are links, FIFOs or devices, an output
+path that exists, is not a new file, lies in a store's directory or whose
+directory is missing, a non-empty backup directory, a missing or malformed
 trace). ``tail --follow`` runs until interrupted (Ctrl-C or SIGTERM) and
-then exits 0. Every failure is one line on stderr, never a traceback.
+then exits 0. Every failure is one line on stderr, never a traceback; with
+``--json`` it is also one JSON object on stdout,
+``{"error": {"type": ..., "message": ..., "hint": ...}}``.
 
 Only argparse is imported at start: each command imports what it needs, so
 ``sessionscope --help`` stays fast.
@@ -23,6 +27,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .errors import SessionscopeError
+from .outfile import OutputPathError
 
 __all__ = ["main"]
 
@@ -31,7 +36,13 @@ _STORES = (
     "adk-memory://, adk-sqlite:///path, adk-database://SQLALCHEMY-URL"
 )
 
-_STORE_URIS = "lmdb:///path (or lmdb://relative/path), memory://"
+_LMDB_URI = "lmdb:///path (or lmdb://relative/path)"
+# Every store a store command opens through open_store; backup, compact and
+# upgrade work on an LMDB store's files and take _LMDB_URI only.
+_STORE_URIS = (
+    f"{_LMDB_URI}, redis://[:password@]host:port/db, rediss://... (TLS), "
+    "redis+cluster://host:port,host:port, memory://"
+)
 
 
 class UsageError(Exception):
@@ -43,9 +54,14 @@ class _Parser(argparse.ArgumentParser):
 
     # The top-level parser's command parsers, by name.
     command_parsers: Mapping[str, argparse.ArgumentParser]
+    # Whether the command line asks for --json: a usage error is then also
+    # one JSON object on stdout.
+    json_errors = False
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
+        if _Parser.json_errors:
+            _print_json_error("UsageError", line, f"see '{self.prog} --help'")
         self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
 
 
@@ -53,7 +69,8 @@ def _parser() -> _Parser:
     parser = _Parser(
         prog="sessionscope",
         description="Look into, check, back up and move session stores; benchmark and "
-        "replay them. Every store command takes a URI: " + _STORE_URIS + ".",
+        "replay them. Every store command takes a URI: " + _STORE_URIS + " (backup, "
+        "compact and upgrade: lmdb:// only).",
         epilog="Run 'sessionscope COMMAND --help' for a command's options. Exit status: 0 "
         "success, 1 a problem found or a failure, 2 bad usage or input.",
     )
@@ -125,8 +142,8 @@ def _store_commands(commands: Any) -> None:
             name, help=summary, description=description, parents=[common]
         )
 
-    def uri(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("uri", metavar="URI", help=f"the store: {_STORE_URIS}")
+    def uri(parser: argparse.ArgumentParser, schemes: str = _STORE_URIS) -> None:
+        parser.add_argument("uri", metavar="URI", help=f"the store: {schemes}")
 
     def session(parser: argparse.ArgumentParser) -> None:
         uri(parser)
@@ -210,7 +227,7 @@ def _store_commands(commands: Any) -> None:
         "into DEST (new, or an empty directory); the copy opens as lmdb://DEST and is "
         "verified before the command succeeds.",
     )
-    uri(backup)
+    uri(backup, _LMDB_URI)
     backup.add_argument("dest", metavar="DEST", help="a new or empty directory")
 
     compact = add(
@@ -219,7 +236,7 @@ def _store_commands(commands: Any) -> None:
         "Copy the store with compaction next to it, verify the copy and swap its file "
         "in by one rename. Refused while another process has the store open.",
     )
-    uri(compact)
+    uri(compact, _LMDB_URI)
 
     upgrade = add(
         "upgrade",
@@ -228,7 +245,7 @@ def _store_commands(commands: Any) -> None:
         "earlier format, in one crash-safe transaction. Refused while another process "
         "has the store open.",
     )
-    uri(upgrade)
+    uri(upgrade, _LMDB_URI)
 
     export = add(
         "export",
@@ -392,6 +409,8 @@ def _generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    _Parser.json_errors = "--json" in words and "replay" not in words
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # Reported by the command's own parser, which names the command.
@@ -409,6 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except UsageError as error:
         _fail(args.command, str(error))
+        _json_error(args, "UsageError", str(error))
+        return 2
+    except OutputPathError as error:
+        # An output path refused before anything was written: bad input.
+        _fail(args.command, str(error))
+        _json_error(args, type(error).__name__, str(error))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -422,10 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra is None:
             raise
         _fail(args.command, f"this needs {error.name}: pip install 'sessionscope[{extra}]'")
+        _json_error(args, type(error).__name__, f"this needs {error.name}")
         return 1
     except (SessionscopeError, OSError, ValueError) as error:
         # A refused dump is a ValueError; a store that fails is a StoreError.
         _fail(args.command, f"{type(error).__name__}: {error}")
+        _json_error(args, type(error).__name__, str(error))
         return 1
 
 
@@ -435,3 +462,27 @@ def _fail(command: str, message: str) -> None:
 
     line = " ".join(redact(message).split())
     print(f"sessionscope {command}: error: {line}", file=sys.stderr)
+
+
+def _json_error(args: argparse.Namespace, kind: str, message: str) -> None:
+    """With --json, also print the error as one JSON object on stdout, for scripts.
+
+    ``{"error": {"type": ..., "message": ..., "hint": ...}}``; the exit code
+    and the line on stderr stay as they are.
+    """
+    if getattr(args, "json", None) is not True:  # replay's --json names a file
+        return
+    from .stores import redact
+
+    # A password in a URI never reaches the output.
+    text = " ".join(redact(message).split())
+    head, found, rest = text.rpartition(" (hint: ")
+    hint = None
+    if found and rest.endswith(")"):
+        text, hint = head, rest[:-1]
+    _print_json_error(kind, text, hint)
+
+
+def _print_json_error(kind: str, message: str, hint: str | None) -> None:
+    document = {"error": {"type": kind, "message": message, "hint": hint}}
+    print(json.dumps(document, ensure_ascii=False), flush=True)

@@ -22,21 +22,31 @@ from typing import Any
 
 from .cli import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
-from .errors import CorruptStoreError, IncompatibleStoreError, SessionscopeError
+from .errors import (
+    CorruptStoreError,
+    IncompatibleStoreError,
+    SessionscopeError,
+    UnsafeStoreError,
+)
 from .ops import (
+    VERIFY_HINT,
     MissingStoreError,
     backup,
     check_store,
     compact,
     describe_event,
+    file_options,
     jsonable,
     list_apps,
     list_users,
     lmdb_path,
     open_existing,
+    reason,
     session_page,
+    session_records,
     store_stats,
 )
+from .outfile import check_output
 from .stores import LmdbStore, Store, open_store
 from .stores.base import LoadedSession
 from .stores.lmdb import FORMAT_VERSION
@@ -202,24 +212,22 @@ def ls(args: argparse.Namespace) -> int:
 
 
 def _app_row(store: Store, app: str) -> dict[str, Any]:
-    records = store.list_sessions(app, None)
-    return {
-        "app": app,
-        "users": len(list_users(store, app)),
-        "sessions": len(records),
-        "events": sum(r.stored_count for r in records),
-        "last_update": max((r.last_update_time for r in records), default=None),
-    }
+    return {"app": app, "users": len(list_users(store, app)), **_totals(store, app, None)}
 
 
 def _user_row(store: Store, app: str, user: str) -> dict[str, Any]:
-    records = store.list_sessions(app, user)
-    return {
-        "user": user,
-        "sessions": len(records),
-        "events": sum(r.stored_count for r in records),
-        "last_update": max((r.last_update_time for r in records), default=None),
-    }
+    return {"user": user, **_totals(store, app, user)}
+
+
+def _totals(store: Store, app: str, user: str | None) -> dict[str, Any]:
+    """Return the sessions, events and last update of an app or user, from records alone."""
+    sessions = events = 0
+    last: float | None = None
+    for record in session_records(store, app, user):
+        sessions += 1
+        events += record.stored_count
+        last = record.last_update_time if last is None else max(last, record.last_update_time)
+    return {"sessions": sessions, "events": events, "last_update": last}
 
 
 # -- show and tail -----------------------------------------------------------------
@@ -465,7 +473,12 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def _refused(error: BaseException) -> dict[str, Any]:
-    return {"clean": False, "structural": "failed", "problems": [f"open: {error}"]}
+    return {
+        "clean": False,
+        "structural": "failed",
+        "problems": [f"open: {reason(error)}"],
+        "hint": VERIFY_HINT,
+    }
 
 
 def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
@@ -478,6 +491,7 @@ def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
         if report["problems"]:
             lines.append(f"FAILED     {len(report['problems'])} problem(s):")
             lines.extend(f"  - {problem}" for problem in report["problems"])
+            lines.append(f"hint       {report['hint']}")
         else:
             lines.append("clean      counts, index entries and records agree")
         return "\n".join(lines)
@@ -501,8 +515,6 @@ def backup_command(args: argparse.Namespace) -> int:
     """Copy a live LMDB store into a new directory and verify the copy."""
     _lmdb_only(args.uri, "backup")
     dest = Path(args.dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise UsageError(f"{dest} exists and is not empty: back up into a new directory")
     with opened(args.uri) as store, _progress(args, None, "backup") as bar:
         assert isinstance(store, LmdbStore)
         result = backup(store, dest)
@@ -527,14 +539,22 @@ def backup_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_options(uri: str) -> dict[str, Any]:
+    try:
+        return file_options(uri)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def upgrade_command(args: argparse.Namespace) -> int:
     """Bring a closed LMDB store to the current store format, in place."""
     path = _lmdb_only(args.uri, "upgrade")
     if not (path / "data.mdb").is_file():
         raise UsageError(f"no store: {path} holds none")
     try:
-        before = LmdbStore.upgrade(path)
-    except IncompatibleStoreError as error:
+        before = LmdbStore.upgrade(path, **_file_options(args.uri))
+    except (IncompatibleStoreError, UnsafeStoreError) as error:
+        # A path that is no store, or files that must not be opened: bad input.
         raise UsageError(str(error)) from None
     document = {"path": str(path), "format_before": before, "format": FORMAT_VERSION}
 
@@ -554,9 +574,9 @@ def compact_command(args: argparse.Namespace) -> int:
         raise UsageError(f"no store: {path} holds none")
     try:
         with _progress(args, None, "compact") as bar:
-            result = compact(path)
+            result = compact(path, **_file_options(args.uri))
             bar.update(1, 1)
-    except IncompatibleStoreError as error:
+    except (IncompatibleStoreError, UnsafeStoreError) as error:
         raise UsageError(str(error)) from None
 
     def text() -> str:
@@ -609,6 +629,10 @@ def export_command(args: argparse.Namespace) -> int:
     if args.user is not None and args.app is None:
         raise UsageError("--user needs --app")
     out = Path(args.out)
+    # Refused before the store is opened: an existing file, a directory, a
+    # FIFO or device, a missing parent, a path inside the store's directory.
+    home = lmdb_path(args.uri)
+    check_output(out, [home] if home is not None else [])
     if args.format == "trace":
         if args.app is None:
             raise UsageError("--format trace needs --app: a trace holds one app")

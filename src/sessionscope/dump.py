@@ -45,10 +45,13 @@ import msgpack
 from .codec import decode_event, pack, unpack
 from .core import TEMP_PREFIX, Scope, check_storable, scope_of
 from .errors import DumpError
+from .ops import SessionChangedError, event_pages, session_records
+from .outfile import output_file
 from .service import check_id, check_session_id
 from .stores.base import (
     EventCopy,
     SessionCopy,
+    SessionRecord,
     Store,
     check_copy,
     copies_equal,
@@ -128,16 +131,20 @@ def export_dump(
 
     ``app_name`` limits the dump to one app, ``user_id`` to one user (of that
     app, or of every app); a dump limited to a user holds no app state. The
-    file is written beside ``out`` and renamed into place once complete.
+    file is written beside ``out`` (``out.partial``, new, mode 0600) and
+    linked into place once complete; an existing ``out``, a missing parent
+    directory or a path inside the store's directory is refused
+    (``OutputPathError``) and nothing is left behind.
     ``progress(n)`` is called with the number of records just written.
     """
     for name, value in (("app_name", app_name), ("user_id", user_id)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ValueError(f"{name} must be a non-empty str or None, not {value!r}")
-    target = Path(out)
-    partial = target.with_name(target.name + ".partial")
-    writer = _Writer(partial, compress=target.name.endswith(".gz"), progress=progress)
-    try:
+    # Never into the directory of the store being read (its data.mdb, lock.mdb).
+    home = getattr(store, "path", None)
+    protect = [home] if isinstance(home, Path) else []
+    with output_file(out, protect) as raw:
+        writer = _Writer(raw, compress=Path(out).name.endswith(".gz"), progress=progress)
         writer.write([MAGIC, DUMP_FORMAT, {"app_name": app_name, "user_id": user_id}])
         # An app the store does not know gives an empty dump, not an empty app.
         apps = [app for app in store.list_apps() if app_name is None or app == app_name]
@@ -149,29 +156,40 @@ def export_dump(
                 writer.app(app, store.read_app_state(app))
             for user in users:
                 writer.user(app, user, store.read_user_state(app, user))
-                records = sorted(
-                    store.list_sessions(app, user), key=lambda r: (r.create_time, r.session_id)
-                )
-                for record in records:
-                    copy = read_copy(store, app, user, record.session_id)
-                    if copy is not None:  # deleted meanwhile
-                        writer.session(copy)
+                # A page of records and a page of events at a time: memory
+                # stays bounded however many sessions and events there are.
+                for record in session_records(store, app, user):
+                    _write_session(writer, store, record)
         writer.finish()
-    except BaseException:
-        writer.abandon()
-        raise
-    os.replace(partial, target)
     return writer.counts()
+
+
+def _write_session(writer: _Writer, store: Store, listed: SessionRecord) -> None:
+    """Write one session: its record and state, then its events a page at a time."""
+    head = store.load_session(listed.app_name, listed.user_id, listed.session_id, 0, None)
+    if head is None:  # deleted meanwhile
+        return
+    record = head.record
+    items = [(key, pack(value)) for key, value in head.session_state.items()]
+    writer.session(SessionCopy.of_record(record, items, []), record.stored_count)
+    written = 0
+    for events in event_pages(store, record):
+        writer.events([event_copy(event) for event in events])
+        written += len(events)
+    if written != record.stored_count:
+        raise SessionChangedError(
+            f"session {record.app_name}/{record.user_id}/{record.session_id} counts "
+            f"{record.stored_count} events, {written} were read",
+            hint="the store changed or is damaged: run `sessionscope verify`, then export again",
+        )
 
 
 class _Writer:
     """Write records to a (possibly gzipped) file, hashing and counting as it goes."""
 
     def __init__(
-        self, path: Path, *, compress: bool, progress: Callable[[int], None] | None
+        self, raw: BinaryIO, *, compress: bool, progress: Callable[[int], None] | None
     ) -> None:
-        self._path = path
-        raw = open(path, "wb")  # noqa: SIM115 - closed in finish() or abandon()
         self._raw = raw
         self._file: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb") if compress else raw  # type: ignore[assignment]
         self._hash = blake2b(digest_size=32)
@@ -206,7 +224,8 @@ class _Writer:
         self._users += 1
         self._tick(1)
 
-    def session(self, copy: SessionCopy) -> None:
+    def session(self, copy: SessionCopy, count: int) -> None:
+        """Write a session's record; its ``count`` events follow (``events``)."""
         self.write(
             [
                 "session",
@@ -216,14 +235,17 @@ class _Writer:
                 copy.create_time,
                 copy.last_update_time,
                 dict(copy.session_items),
-                len(copy.events),
+                count,
             ]
         )
-        for event in copy.events:
-            self.write(["event", event.event_id, event.timestamp, event.record])
         self._sessions += 1
-        self._events += len(copy.events)
-        self._tick(1 + len(copy.events))
+        self._tick(1)
+
+    def events(self, events: list[EventCopy]) -> None:
+        for event in events:
+            self.write(["event", event.event_id, event.timestamp, event.record])
+        self._events += len(events)
+        self._tick(len(events))
 
     def _tick(self, records: int) -> None:
         if self._progress is not None:
@@ -242,14 +264,8 @@ class _Writer:
             "records": self._records,
         }
         self._file.write(pack(["end", trailer, self._hash.digest()]))
-        self._file.close()
         if self._file is not self._raw:
-            self._raw.close()
-
-    def abandon(self) -> None:
-        self._file.close()
-        self._raw.close()
-        self._path.unlink(missing_ok=True)
+            self._file.close()  # ends the gzip stream; the raw file stays open
 
 
 # -- import --------------------------------------------------------------

@@ -11,31 +11,37 @@ from __future__ import annotations
 import base64
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .codec import decode_event, pack
 from .errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
+from .outfile import make_directory
 from .stores import LmdbStore, Store, open_store, redact
-from .stores.base import LoadedSession, SessionRecord
+from .stores.base import ListPosition, SessionRecord, list_position
 from .stores.lmdb import path_uri
 
 __all__ = [
     "CheckReport",
     "MissingStoreError",
+    "SessionChangedError",
     "backup",
     "check_store",
     "compact",
     "describe_event",
+    "event_pages",
+    "file_options",
     "jsonable",
     "list_apps",
     "list_users",
     "lmdb_path",
     "open_existing",
+    "reason",
     "session_page",
+    "session_records",
     "store_stats",
 ]
 
@@ -53,6 +59,25 @@ def lmdb_path(uri: str) -> Path | None:
     if parts.scheme != "lmdb":
         return None
     return Path(unquote(parts.netloc + parts.path))
+
+
+def file_options(uri: str) -> dict[str, Any]:
+    """Return the ``file_mode`` and ``trust_directory`` an ``lmdb://`` URI's query gives.
+
+    What compact and upgrade check a store's directory and files with, as
+    opening the store would. A malformed value is a ``ValueError``.
+    """
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    options: dict[str, Any] = {}
+    for name, text in parse_qsl(urlsplit(uri).query, keep_blank_values=True):
+        try:
+            if name == "file_mode":
+                options[name] = int(text, 8)
+            elif name == "trust_directory":
+                options[name] = words[text.lower()]
+        except (ValueError, KeyError):
+            raise ValueError(f"lmdb:// option {name}={text!r} is malformed") from None
+    return options
 
 
 def open_existing(uri: str) -> Store:
@@ -95,15 +120,13 @@ def session_page(
     rows = []
     for meta in page.sessions:
         record = by_ids[(meta.user_id, meta.id)]
-        loaded = store.load_session(app_name, meta.user_id, meta.id, None, None)
-        size = _session_bytes(loaded) if loaded is not None else 0
         rows.append(
             {
                 "app": app_name,
                 "user": meta.user_id,
                 "session": meta.id,
                 "events": record.stored_count,
-                "bytes": size,
+                "bytes": _session_bytes(store, record),
                 "created": meta.create_time,
                 "last_update": meta.last_update_time,
             }
@@ -115,8 +138,74 @@ def _map_bytes(values: dict[str, Any]) -> int:
     return sum(len(key.encode()) + len(pack(value)) for key, value in values.items())
 
 
-def _session_bytes(loaded: LoadedSession) -> int:
-    return sum(map(len, loaded.events)) + _map_bytes(loaded.session_state)
+def _session_bytes(store: Store, record: SessionRecord) -> int:
+    """Return a session's events' and own state's stored bytes, read a page at a time."""
+    head = store.load_session(record.app_name, record.user_id, record.session_id, 0, None)
+    if head is None:  # deleted since the listing
+        return 0
+    total = _map_bytes(head.session_state)
+    try:
+        for events in event_pages(store, head.record):
+            total += sum(map(len, events))
+    except SessionChangedError:
+        pass  # a size of what was read: the session moved on meanwhile
+    return total
+
+
+# -- reading a store in bounded memory ----------------------------------------------
+
+# Events read at a time from one session, and sessions listed at a time: what
+# the commands hold at once, however large the store.
+EVENT_PAGE = 1000
+SESSION_PAGE = 1000
+
+
+class SessionChangedError(StoreError):
+    """A session was deleted, created again or truncated while it was read page by page."""
+
+
+def session_records(
+    store: Store, app_name: str, user_id: str | None = None
+) -> Iterator[SessionRecord]:
+    """Yield an app's (or one user's) session records a page at a time, in listing order.
+
+    A session written to while the listing goes on moves later in the
+    order and may be yielded twice: figures summed over a store that
+    writers change are those of no single moment.
+    """
+    after: ListPosition | None = None
+    while True:
+        records, more = store.list_page(app_name, user_id, SESSION_PAGE, after)
+        yield from records
+        if not more or not records:
+            return
+        after = list_position(records[-1])
+
+
+def event_pages(store: Store, record: SessionRecord) -> Iterator[list[bytes]]:
+    """Yield the events ``record`` counts (the session as listed), ``EVENT_PAGE`` at a time.
+
+    Events appended since the record was read are left out (``Store.read_events``
+    reads each page). Raise ``SessionChangedError`` if the session was deleted, created
+    again or truncated meanwhile.
+    """
+    ids = (record.app_name, record.user_id, record.session_id)
+    # From position 0: a truncation by time may keep early positions (gaps
+    # anywhere), and a paged read skips the gaps itself.
+    start = 0
+    while start < record.event_count:
+        read = store.read_events(*ids, start, EVENT_PAGE)
+        if read is None or read[0].number != record.number:
+            raise SessionChangedError(f"session {'/'.join(ids)} was deleted while it was read")
+        now, pairs = read
+        if now.removed_count != record.removed_count:
+            raise SessionChangedError(f"session {'/'.join(ids)} was truncated while it was read")
+        events = [data for position, data in pairs if position < record.event_count]
+        if events:
+            yield events
+        if len(events) < len(pairs) or len(pairs) < EVENT_PAGE:
+            return
+        start = pairs[-1][0] + 1
 
 
 def jsonable(value: Any) -> Any:
@@ -214,14 +303,22 @@ def store_stats(store: Store, progress: ProgressFn | None = None) -> dict[str, A
         }
         for user in list_users(store, app):
             entry["user_state_bytes"] += _map_bytes(store.read_user_state(app, user))
-        for record in store.list_sessions(app, None):
-            loaded = store.load_session(app, record.user_id, record.session_id, None, None)
-            if loaded is None:  # deleted since the listing
+        for record in session_records(store, app):
+            # The record and state only; then the events a page at a time.
+            head = store.load_session(app, record.user_id, record.session_id, 0, None)
+            if head is None:  # deleted since the listing
                 continue
+            count = size = 0
+            try:
+                for events in event_pages(store, head.record):
+                    count += len(events)
+                    size += sum(map(len, events))
+            except SessionChangedError:
+                continue  # deleted or cut meanwhile: counted as gone
             entry["sessions"] += 1
-            entry["events"] += len(loaded.events)
-            entry["event_bytes"] += sum(map(len, loaded.events))
-            entry["session_state_bytes"] += _map_bytes(loaded.session_state)
+            entry["events"] += count
+            entry["event_bytes"] += size
+            entry["session_state_bytes"] += _map_bytes(head.session_state)
         if progress is not None:
             progress(done + 1, len(names))
     scopes = ("app_state_bytes", "user_state_bytes", "session_state_bytes", "event_bytes")
@@ -240,6 +337,13 @@ def store_stats(store: Store, progress: ProgressFn | None = None) -> dict[str, A
 # -- verify ------------------------------------------------------------------------
 
 
+# What to do about any problem verify finds: said once, after the list.
+VERIFY_HINT = (
+    "restore the store from a backup (`sessionscope backup` makes one), or delete the "
+    "sessions named above; then run `sessionscope verify` again"
+)
+
+
 @dataclass
 class CheckReport:
     """What a check of a store found: an empty ``problems`` means clean."""
@@ -254,6 +358,11 @@ class CheckReport:
         """Tell whether the check found nothing wrong."""
         return not self.problems
 
+    def add(self, problem: str) -> None:
+        """Record a problem once: two checks that meet the same damage list it once."""
+        if problem not in self.problems:
+            self.problems.append(problem)
+
     def to_dict(self) -> dict[str, Any]:
         """Return the report as a JSON-ready map."""
         return {
@@ -262,7 +371,16 @@ class CheckReport:
             "sessions": self.sessions,
             "events": self.events,
             "problems": self.problems,
+            "hint": None if self.clean else VERIFY_HINT,
         }
+
+
+def reason(error: BaseException) -> str:
+    """Return what an error says without its hint: a report gives one hint for every problem."""
+    text = str(error)
+    hint = getattr(error, "hint", None)
+    suffix = f" (hint: {hint})"
+    return text[: -len(suffix)] if hint and text.endswith(suffix) else text
 
 
 def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport:
@@ -270,7 +388,8 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
 
     Logic: every listed session reads back, its events decode, their ids are
     distinct and their number is the one its record counts; on LMDB, the key
-    layout's own invariants too (``LmdbStore.check_layout``).
+    layout's own invariants (``LmdbStore.check_layout``), which cover the
+    events, instead. Sessions are listed and events read a page at a time.
     """
     report = CheckReport()
     if isinstance(store, LmdbStore):
@@ -279,44 +398,64 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
             report.structural = "ok"
         except CorruptStoreError as error:
             report.structural = "failed"
-            report.problems.append(f"structure: {error}")
+            report.add(f"structure: {reason(error)}")
             return report
-    records = [r for app in list_apps(store) for r in store.list_sessions(app, None)]
-    total = len(records)
-    for done, record in enumerate(records, start=1):
-        _check_session(store, record, report)
-        if progress is not None:
-            progress(done, total)
+    apps = list_apps(store)
+    # On LMDB the layout check reads every event, and reports the progress.
+    each = None if isinstance(store, LmdbStore) else progress
+    # A first pass over the records alone, for the progress bar's total.
+    total = sum(1 for app in apps for _ in session_records(store, app)) if each else 0
+    done = 0
+    for app in apps:
+        for record in session_records(store, app):
+            _check_session(store, record, report)
+            done += 1
+            if each is not None:
+                each(done, max(total, done))
     if isinstance(store, LmdbStore):
-        report.problems.extend(store.check_layout())
+        for problem in store.check_layout(progress):
+            report.add(problem)
     return report
 
 
 def _check_session(store: Store, record: SessionRecord, report: CheckReport) -> None:
     label = f"session {record.app_name}/{record.user_id}/{record.session_id}"
+    ids = (record.app_name, record.user_id, record.session_id)
     try:
-        loaded = store.load_session(record.app_name, record.user_id, record.session_id, None, None)
+        head = store.load_session(*ids, 0, None)
     except SessionscopeError as error:
-        report.problems.append(f"{label}: cannot be read: {error}")
+        report.add(f"{label}: cannot be read: {reason(error)}")
         return
-    if loaded is None:
+    if head is None:
         return  # deleted since the listing
     report.sessions += 1
-    report.events += len(loaded.events)
-    if len(loaded.events) != loaded.record.stored_count:
-        report.problems.append(
-            f"{label}: counts {loaded.record.stored_count} events, reads {len(loaded.events)}"
-        )
-    ids: set[str] = set()
-    for position, data in enumerate(loaded.events):
-        try:
-            event_id = decode_event(data)["id"]
-        except Exception as error:  # any undecodable record is a finding
-            report.problems.append(f"{label}: event {position} does not decode: {error}")
-            continue
-        if event_id in ids:
-            report.problems.append(f"{label}: event id {event_id!r} is stored twice")
-        ids.add(event_id)
+    if isinstance(store, LmdbStore):
+        # check_layout reads, decodes and counts every event entry.
+        report.events += head.record.stored_count
+        return
+    read = 0
+    seen: set[str] = set()
+    try:
+        for events in event_pages(store, head.record):
+            for data in events:
+                position = read
+                read += 1
+                try:
+                    event_id = decode_event(data)["id"]
+                except Exception as error:  # any undecodable record is a finding
+                    report.add(f"{label}: event {position} does not decode: {reason(error)}")
+                    continue
+                if event_id in seen:
+                    report.add(f"{label}: event id {event_id!r} is stored twice")
+                seen.add(event_id)
+    except SessionChangedError:
+        return  # changed while checked: what was read is no finding
+    except SessionscopeError as error:
+        report.add(f"{label}: cannot be read: {reason(error)}")
+        return
+    report.events += read
+    if read != head.record.stored_count:
+        report.add(f"{label}: counts {head.record.stored_count} events, reads {read}")
 
 
 def _check_copy(directory: Path) -> CheckReport:
@@ -330,7 +469,7 @@ def _check_copy(directory: Path) -> CheckReport:
         shown = "; ".join(report.problems[:5])
         raise StoreError(
             f"the copy in {directory} did not verify: {shown}",
-            hint="the original is untouched; run verify on it",
+            hint="the original is untouched: run `sessionscope verify` on it",
         )
     return report
 
@@ -341,20 +480,20 @@ def _check_copy(directory: Path) -> CheckReport:
 def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     """Copy a live store into the new or empty directory ``dest``, then check the copy.
 
-    Refuses a ``dest`` that holds anything (``FileExistsError``). A copy that
-    fails or does not verify is removed again, with the directory if this
-    call created it.
+    ``dest`` is made owner-only in a directory that must exist; a link, a
+    file, a directory that holds anything, or a path inside the store's own
+    directory is refused (``OutputPathError``). A copy that fails or does
+    not verify is removed again (only the files this call made), with the
+    directory if this call made it.
     """
-    created = not dest.exists()
-    if not created and (not dest.is_dir() or any(dest.iterdir())):
-        raise FileExistsError(f"{dest} exists and is not an empty directory")
+    created = make_directory(dest, [store.path])
     started = time.perf_counter()
-    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         store.copy_to(dest)
         copied = time.perf_counter() - started
         report = _check_copy(dest)
     except BaseException:
+        # dest was new or empty: what is in it now, this call made.
         for name in ("data.mdb", "lock.mdb"):
             (dest / name).unlink(missing_ok=True)
         if created:
@@ -374,13 +513,18 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     }
 
 
-def compact(path: Path) -> dict[str, Any]:
-    """Rewrite the LMDB store at ``path`` without free pages; refuse while it is open elsewhere."""
+def compact(path: Path, **options: Any) -> dict[str, Any]:
+    """Rewrite the LMDB store at ``path`` without free pages; refuse while it is open elsewhere.
+
+    ``options`` are ``file_mode`` and ``trust_directory``, as opening takes them.
+    """
     if not (path / "data.mdb").is_file():
         raise MissingStoreError(f"{path} holds no store")
     started = time.perf_counter()
     checked: list[CheckReport] = []
-    before, after = LmdbStore.compact(path, lambda copy: checked.append(_check_copy(copy)))
+    before, after = LmdbStore.compact(
+        path, lambda copy: checked.append(_check_copy(copy)), **options
+    )
     return {
         "path": str(path),
         "bytes_before": before,

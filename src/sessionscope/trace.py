@@ -40,6 +40,7 @@ from typing import IO, Any
 
 from .core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
 from .model import GetSessionConfig
+from .outfile import output_file
 from .service import SyncSessionService, check_id, check_session_id, event_to_record
 
 __all__ = [
@@ -169,20 +170,34 @@ def check_header(header: object, where: str = "trace") -> dict[str, Any]:
 
 
 def write_trace(
-    path: str | Path, records: Iterable[Mapping[str, Any]], header: Mapping[str, Any] | None = None
+    path: str | Path,
+    records: Iterable[Mapping[str, Any]],
+    header: Mapping[str, Any] | None = None,
+    protect: Iterable[Path] = (),
 ) -> int:
-    """Write a header and records as a trace file; return the number of records."""
+    """Write a header and records as a new trace file; return the number of records.
+
+    The file is created as ``outfile.output_file`` creates it: an existing
+    ``path`` or a missing directory is an ``OutputPathError``, and so is a
+    path inside one of the ``protect`` directories.
+    """
     head = make_header(
         **{k: v for k, v in (header or {}).items() if k not in ("format", "version")}
     )
     count = 0
-    with _open_text(path, "w") as file:
+    # A new file, owner-only, whole or not at all (see outfile.output_file).
+    with output_file(path, protect) as raw:
+        packed = gzip.GzipFile(fileobj=raw, mode="wb") if str(path).endswith(".gz") else raw
+        file = io.TextIOWrapper(packed, encoding="utf-8", newline="\n")
         file.write(_dumps(head))
         file.write("\n")
         for record in records:
             file.write(dump_record(record))
             file.write("\n")
             count += 1
+        file.detach()  # flushes; leaves the files below open
+        if packed is not raw:
+            packed.close()  # ends the gzip stream; the raw file stays open
     return count
 
 
@@ -772,4 +787,6 @@ def export_trace(store: Any, app_name: str, path: str | Path, user_id: str | Non
         streams.append(stream)
     merged = (item[3] for item in heapq.merge(*streams, key=lambda item: item[:3]))
     header = {"generator": {"name": "sessionscope-export", "app": app_name, "user": user_id}}
-    return write_trace(path, merged, header)
+    # Never into the directory of the store being read.
+    home = getattr(store, "path", None)
+    return write_trace(path, merged, header, [home] if isinstance(home, Path) else [])

@@ -36,6 +36,7 @@ __all__ = [
     "BatchResult",
     "Completion",
     "EventCopy",
+    "EventPage",
     "Expirer",
     "InlineAsyncStore",
     "ListPosition",
@@ -67,6 +68,8 @@ T = TypeVar("T")
 Items = list[tuple[str, bytes]]
 # Where a session stands in a listing: (last_update_time, user_id, session_id).
 ListPosition = tuple[float, str, str]
+# A session's record and a page of its stored events, each with its position.
+EventPage = tuple["SessionRecord", list[tuple[int, bytes]]]
 
 
 # Guards the hand-over between a finishing thread and a waiter; held for a
@@ -670,6 +673,18 @@ class Store(Protocol):
         """Read a session with the events the filters select, in append order."""
         ...
 
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a session's record and up to ``limit`` stored events from position ``start``.
+
+        Each event comes with its position (positions count every event ever
+        appended; a truncation leaves gaps, which are skipped), in order.
+        Reading page after page, from the last position plus one, reads a
+        long session in bounded memory. None if the session does not exist.
+        """
+        ...
+
     def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return the records of an app's (or one user's) sessions, any order."""
         ...
@@ -837,6 +852,12 @@ class AsyncStore(Protocol):
         """Read a session; see ``Store.load_session``."""
         ...
 
+    async def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a page of a session's events; see ``Store.read_events``."""
+        ...
+
     async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return session records; see ``Store.list_sessions``."""
         ...
@@ -965,6 +986,12 @@ class InlineAsyncStore:
         return self._store.load_session(
             app_name, user_id, session_id, num_recent_events, after_timestamp
         )
+
+    async def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a page of a session's events; see ``Store.read_events``."""
+        return self._store.read_events(app_name, user_id, session_id, start, limit)
 
     async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return session records; see ``Store.list_sessions``."""

@@ -51,6 +51,8 @@ import tempfile
 import threading
 import time
 import weakref
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -72,6 +74,7 @@ from ..errors import (
     StoreError,
     UnsafeStoreError,
 )
+from ..outfile import create_exclusive, remove_own
 from .base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
@@ -82,6 +85,7 @@ from .base import (
     BatchResult,
     Completion,
     EventCopy,
+    EventPage,
     Expirer,
     InlineAsyncStore,
     Items,
@@ -388,53 +392,8 @@ class LmdbStore:
     # -- opening ---------------------------------------------------------
 
     def _check_files(self, trust_directory: bool) -> None:
-        """Refuse a directory others could write to, and planted links.
-
-        LMDB writes its lock table into lock.mdb and pages into data.mdb
-        wherever the names lead; a link would have it overwrite the file it
-        points to. A directory another user owns or may write to lets them
-        swap those files.
-        """
-        path = self.path
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            raise _open_failure(path, error) from error
-        if not stat.S_ISDIR(info.st_mode):
-            raise IncompatibleStoreError(
-                f"{path} is not a directory", hint="give the path of a store directory"
-            )
-        if not trust_directory:
-            if info.st_uid != os.geteuid():
-                raise UnsafeStoreError(
-                    f"{path} is owned by user {info.st_uid}, not by this process's user",
-                    hint="open stores you own, or pass trust_directory=True",
-                )
-            # Group or others may write only where file_mode lets them.
-            extra = info.st_mode & 0o022 & ~self._file_mode
-            if extra:
-                raise UnsafeStoreError(
-                    f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
-                    f"(mode {stat.S_IMODE(info.st_mode):o})",
-                    hint="chmod go-w the directory, give a file_mode that shares it, "
-                    "or pass trust_directory=True",
-                )
-        for name in ("data.mdb", "lock.mdb"):
-            try:
-                entry = os.lstat(path / name)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(entry.st_mode):
-                raise UnsafeStoreError(
-                    f"{path / name} is a symbolic link",
-                    hint="a store's files must be plain files: remove the link",
-                )
-            if not stat.S_ISREG(entry.st_mode):
-                raise IncompatibleStoreError(
-                    f"{path / name} is not a file", hint="pick an empty or new directory"
-                )
+        """Refuse a directory others could write to, and planted links."""
+        _check_store_files(self.path, self._file_mode, trust_directory)
 
     @staticmethod
     def _probe(path: Path, verify: bool = False) -> None:
@@ -1095,6 +1054,35 @@ class LmdbStore:
 
         return self._read(load)
 
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a session's record and up to ``limit`` stored events from position ``start``.
+
+        Each event comes with its position (positions count every event ever
+        appended; a truncation leaves gaps). Reading a long session page by
+        page, from the last position read plus one, keeps memory bounded:
+        what the command line's export, stats and verify do. None if the
+        session does not exist.
+        """
+
+        def read(txn: Any) -> EventPage | None:
+            record = self._record(txn, app_name, user_id, session_id)
+            if record is None:
+                return None
+            prefix = _U64.pack(record.number) + _EVENT
+            events: list[tuple[int, bytes]] = []
+            cursor = txn.cursor(db=self._data)
+            if limit <= 0 or not cursor.set_range(prefix + _U64.pack(max(0, start))):
+                return record, events
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix) or len(events) >= limit:
+                    break
+                events.append((_U64.unpack(key[9:17])[0], value[8:]))
+            return record, events
+
+        return self._read(read)
+
     def _loaded(self, txn: Any, record: SessionRecord, events: list[bytes]) -> LoadedSession:
         app = _part(record.app_name)
         return LoadedSession(
@@ -1706,27 +1694,12 @@ class LmdbStore:
         """
 
         def check(txn: Any) -> list[str]:
+            # Memory stays bounded however large the store: one record and
+            # one data entry at a time, point lookups for the index entries,
+            # and the sorted numbers of the records (8 bytes a session).
             problems: list[str] = []
-            records: dict[bytes, SessionRecord] = {}
-            # The list index entry each record should have: key -> (its key, label).
-            listed: dict[bytes, tuple[bytes, str]] = {}
             meta = self._dbs[b"meta"]
             (next_number,) = _U64.unpack(txn.get(_NUMBER_KEY, db=meta))
-            for key, value in txn.cursor(db=self._sessions):
-                record = SessionRecord.from_list(unpack(value))
-                label = _label(record)
-                ids = (record.app_name, record.user_id, record.session_id)
-                if key != b"".join(_part(text) for text in ids):
-                    problems.append(f"{label}: its record is stored under another session's key")
-                number = _U64.pack(record.number)
-                if number in records:
-                    problems.append(f"{label}: shares number {record.number} with another session")
-                if record.number >= next_number:
-                    problems.append(f"{label}: number {record.number} is not below the counter")
-                records[number] = record
-                listed[_list_key(record)] = (key, label)
-            if self._listing is not None:
-                self._check_listing(txn, listed, problems)
             # Numbers queued for purging lost their record on purpose.
             purging: set[bytes] = set()
             queue = txn.cursor(db=meta)
@@ -1735,126 +1708,155 @@ class LmdbStore:
                     if not key.startswith(_PURGE):
                         break
                     purging.add(key[len(_PURGE) :])
-            total = len(records)
-            done = 0
-            cursor = txn.cursor(db=self._data)
-            seen: set[bytes] = set()
-            group: list[tuple[bytes, bytes]] = []
-            current = b""
-            for key, value in cursor:
-                if key[:8] != current and group:
-                    done += 1
-                    if current not in purging:
-                        self._check_group(
-                            current, group, records.get(current), problems, self.format
-                        )
-                    seen.add(current)
-                    group = []
-                    if progress is not None:
-                        progress(done, total)
-                current = key[:8]
-                group.append((key, value))
-            if group and current not in purging:
-                self._check_group(current, group, records.get(current), problems, self.format)
-                seen.add(current)
-            for number, record in records.items():
-                if number not in seen and record.stored_count:
-                    problems.append(
-                        f"{_label(record)}: counts {record.stored_count} events, stores none"
-                    )
+            total = txn.stat(self._sessions)["entries"]
+            numbers = array("Q")
+            data = txn.cursor(db=self._data)
+            lookup = txn.cursor(db=self._data)
+            for done, (key, value) in enumerate(txn.cursor(db=self._sessions), start=1):
+                record = SessionRecord.from_list(unpack(value))
+                label = _label(record)
+                ids = (record.app_name, record.user_id, record.session_id)
+                if key != b"".join(_part(text) for text in ids):
+                    problems.append(f"{label}: its record is stored under another session's key")
+                if record.number >= next_number:
+                    problems.append(f"{label}: number {record.number} is not below the counter")
+                numbers.append(record.number)
+                if (
+                    self._listing is not None
+                    and txn.get(_list_key(record), db=self._listing) != key
+                ):
+                    problems.append(f"{label}: missing from the list index")
+                number = _U64.pack(record.number)
+                if number not in purging:
+                    self._check_group(data, lookup, number, record, problems, self.format)
+                if progress is not None:
+                    progress(done, total)
+            numbers = array("Q", sorted(numbers))
+            for previous, following in pairwise(numbers):
+                if previous == following:
+                    problems.append(f"number {following} is shared by two session records")
+            if self._listing is not None:
+                self._check_listing(txn, problems)
+            self._check_orphans(data, numbers, purging, problems)
             if progress is not None:
                 progress(total, total)
             return problems
 
         return self._read(check)
 
-    def _check_listing(
-        self, txn: Any, listed: dict[bytes, tuple[bytes, str]], problems: list[str]
-    ) -> None:
-        """Check the list index against the session records (``listed``: what it should hold)."""
-        found: set[bytes] = set()
+    def _check_listing(self, txn: Any, problems: list[str]) -> None:
+        """Check that every list index entry names a record listed at that entry."""
         for key, value in txn.cursor(db=self._listing):
-            wanted = listed.get(key)
-            if wanted is None or wanted[0] != value:
+            stored = txn.get(value, db=self._sessions)
+            if stored is None or _list_key(SessionRecord.from_list(unpack(stored))) != key:
                 problems.append(
                     f"a list index entry (time and number {key[-16:].hex()}) names no session "
                     "of that time"
                 )
-            else:
-                found.add(key)
-        for key, (_, label) in listed.items():
-            if key not in found:
-                problems.append(f"{label}: missing from the list index")
+
+    @staticmethod
+    def _check_orphans(
+        data: Any, numbers: array[int], purging: set[bytes], problems: list[str]
+    ) -> None:
+        """Report data under a number no record has (and no purge is queued for)."""
+        positioned = data.first()
+        while positioned:
+            number = data.key()[:8]
+            (value,) = _U64.unpack(number)
+            index = bisect_left(numbers, value)
+            if (index == len(numbers) or numbers[index] != value) and number not in purging:
+                count = 0
+                while positioned and data.key()[:8] == number:
+                    count += 1
+                    positioned = data.next()
+                problems.append(
+                    f"session number {value}: {count} entries without a session record (orphaned)"
+                )
+                continue
+            after = _after(number)
+            positioned = after is not None and data.set_range(after)
 
     @staticmethod
     def _check_group(
+        data: Any,
+        lookup: Any,
         number: bytes,
-        entries: list[tuple[bytes, bytes]],
-        record: SessionRecord | None,
+        record: SessionRecord,
         problems: list[str],
         version: int,
     ) -> None:
-        """Check the data entries of one session number against its record.
+        """Check the data entries of one session against its record, one entry at a time.
 
         A session keeps a time index in format 1, and in format 2 when its
-        record says so; without one, its events must be in time order.
+        record says so; without one, its events must be in time order. An
+        event that does not decode is one finding: it is counted, and the
+        index entries that point at it are not checked.
         """
-        if record is None:
-            problems.append(
-                f"session number {_U64.unpack(number)[0]}: {len(entries)} entries without a "
-                "session record (orphaned)"
-            )
-            return
         label = _label(record)
-        events: dict[bytes, tuple[bytes, bytes]] = {}  # seq -> (sortable time, id part)
-        ids: dict[bytes, bytes] = {}
-        times: set[bytes] = set()
-        for key, value in entries:
+        timed = version == 1 or record.time_indexed
+        stored = times = 0
+        found_any = False
+        previous = b""
+        last_id: bytes | None = None
+        event_prefix = number + _EVENT
+        positioned = data.set_range(number)
+        while positioned and data.key().startswith(number):
+            key, value = data.item()
+            found_any = True
             kind = key[8:9]
             if kind == _EVENT:
+                stored += 1
                 seq = key[9:17]
+                position = _U64.unpack(seq)[0]
+                if position >= record.event_count:
+                    problems.append(f"{label}: event {position} lies past the record's count")
+                stamp = _sortable_time(_F64.unpack_from(value)[0])
+                if not timed and stamp < previous:
+                    problems.append(f"{label}: event {position} is earlier than the one before it")
+                previous = stamp
                 try:
-                    event_id = decode_event(value[8:])["id"]
+                    id_part = _unique_part(decode_event(value[8:])["id"])
                 except Exception as error:  # any undecodable record is a finding
-                    position = _U64.unpack(seq)[0]
-                    problems.append(f"{label}: event {position} does not decode: {error}")
+                    problems.append(
+                        f"{label}: event {position} does not decode: {_without_hint(error)}"
+                    )
+                    positioned = data.next()
                     continue
-                events[seq] = (_sortable_time(_F64.unpack_from(value)[0]), _unique_part(event_id))
+                if position == record.event_count - 1:
+                    last_id = id_part
+                if lookup.get(number + _EVENT_ID + id_part) != seq:
+                    problems.append(f"{label}: event {position} is missing from the id index")
+                if timed and not lookup.set_key(number + _EVENT_TIME + stamp + seq):
+                    problems.append(f"{label}: event {position} is missing from the time index")
             elif kind == _EVENT_ID:
-                ids[key[9:]] = value
+                event = lookup.get(event_prefix + value)
+                if event is None:
+                    problems.append(f"{label}: an id index entry points at no event with that id")
+                else:
+                    try:
+                        event_id = decode_event(event[8:])["id"]
+                    except Exception:  # reported where the event itself is checked
+                        event_id = None
+                    if event_id is not None and _unique_part(event_id) != key[9:]:
+                        problems.append(
+                            f"{label}: an id index entry points at no event with that id"
+                        )
             elif kind == _EVENT_TIME:
-                times.add(key[9:])
+                times += 1
+                event = lookup.get(event_prefix + key[17:25])
+                if event is None or _sortable_time(_F64.unpack_from(event)[0]) != key[9:17]:
+                    problems.append(f"{label}: a time index entry points at no event of that time")
             elif kind != _STATE:
                 problems.append(f"{label}: an entry of unknown kind {kind!r}")
-        timed = version == 1 or record.time_indexed
+            positioned = data.next()
         if not timed and times:
-            problems.append(f"{label}: {len(times)} time index entries, but it keeps no time index")
-        previous = b""
-        for seq in sorted(events):
-            if not timed and events[seq][0] < previous:
-                position = _U64.unpack(seq)[0]
-                problems.append(f"{label}: event {position} is earlier than the one before it")
-            previous = events[seq][0]
+            problems.append(f"{label}: {times} time index entries, but it keeps no time index")
         counted = record.stored_count
-        if len(events) != counted:
-            problems.append(f"{label}: counts {counted} events, stores {len(events)}")
-        for seq, (stamp, id_part) in events.items():
-            position = _U64.unpack(seq)[0]
-            if position >= record.event_count:
-                problems.append(f"{label}: event {position} lies past the record's count")
-            if ids.get(id_part) != seq:
-                problems.append(f"{label}: event {position} is missing from the id index")
-            if timed and stamp + seq not in times:
-                problems.append(f"{label}: event {position} is missing from the time index")
-        for id_part, seq in ids.items():
-            if seq not in events or events[seq][1] != id_part:
-                problems.append(f"{label}: an id index entry points at no event with that id")
-        for entry in times:
-            known = events.get(entry[8:])
-            if known is None or known[0] != entry[:8]:
-                problems.append(f"{label}: a time index entry points at no event of that time")
-        last = events.get(_U64.pack(record.event_count - 1)) if record.event_count else None
-        if last is not None and last[1] != _unique_part(record.last_event_id or ""):
+        if not found_any and counted:
+            problems.append(f"{label}: counts {counted} events, stores none")
+        elif stored != counted:
+            problems.append(f"{label}: counts {counted} events, stores {stored}")
+        if last_id is not None and last_id != _unique_part(record.last_event_id or ""):
             problems.append(f"{label}: the record's last event id is not its last event's")
 
     def space(self) -> dict[str, int]:
@@ -1888,26 +1890,40 @@ class LmdbStore:
         """Write a consistent, compacted copy of the store into the empty directory ``dest``.
 
         The copy is of one read snapshot, so writers in this or other
-        processes go on meanwhile; it holds no free pages.
+        processes go on meanwhile; it holds no free pages. Its ``data.mdb``
+        is created exclusively (an existing file or a planted link there is
+        an ``OutputPathError``) and removed again if the copy fails.
         """
-        target = Path(dest)
-        mode = (self.path / "data.mdb").stat().st_mode & 0o777
+        copy = Path(dest) / "data.mdb"
+        # Created here, owner-only, exclusively and never through a link,
+        # then filled by LMDB through the descriptor.
+        fd = create_exclusive(copy)
+        made = os.fstat(fd)
         try:
-            with self._gate:
-                txn = self._begin()
-                try:
-                    self._env.copy(str(target), compact=True, txn=txn)
-                finally:
-                    txn.abort()
-        except lmdb.Error as error:
-            raise _lmdb_failure("copying the store", error) from error
-        copy = target / "data.mdb"
-        os.chmod(copy, mode)
-        _fsync(copy)
+            try:
+                with self._gate:
+                    txn = self._begin()
+                    try:
+                        self._env.copyfd(fd, compact=True, txn=txn)
+                    finally:
+                        txn.abort()
+            except lmdb.Error as error:
+                raise _lmdb_failure("copying the store", error) from error
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            remove_own(copy, made)
+            raise
+        os.close(fd)
 
     @classmethod
     def compact(
-        cls, path: str | os.PathLike[str], check: Callable[[Path], None]
+        cls,
+        path: str | os.PathLike[str],
+        check: Callable[[Path], None],
+        *,
+        file_mode: int = 0o600,
+        trust_directory: bool = False,
     ) -> tuple[int, int]:
         """Rewrite a store no process has open without free pages; return sizes before, after.
 
@@ -1921,10 +1937,12 @@ class LmdbStore:
         """
         root = Path(path)
         data = root / "data.mdb"
+        # What opening checks, first: no file is opened through a link, a FIFO or a device.
+        _check_store_files(root, file_mode, trust_directory)
         if not data.is_file():
             raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
         cls._probe(root)
-        with _sole_user(root):
+        with _sole_user(root, "compact"):
             before = data.stat().st_size
             temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
             try:
@@ -1946,7 +1964,9 @@ class LmdbStore:
             return before, data.stat().st_size
 
     @classmethod
-    def upgrade(cls, path: str | os.PathLike[str]) -> int:
+    def upgrade(
+        cls, path: str | os.PathLike[str], *, file_mode: int = 0o600, trust_directory: bool = False
+    ) -> int:
         """Bring a store no process has open to the current format, in place; return its old one.
 
         Format 1 to 2 is one write transaction: each session gets its list
@@ -1958,10 +1978,11 @@ class LmdbStore:
         open: such a process would go on writing without the list index.
         """
         root = Path(path)
+        _check_store_files(root, file_mode, trust_directory)
         if not (root / "data.mdb").is_file():
             raise IncompatibleStoreError(f"{root} holds no store", hint="give a store's directory")
         cls._probe(root)
-        with _sole_user(root):
+        with _sole_user(root, "upgrade"):
             try:
                 env = lmdb.open(str(root), lock=False, max_dbs=len(_DB_NAMES) + 2)
                 try:
@@ -1980,6 +2001,61 @@ class LmdbStore:
             except lmdb.Error as error:
                 raise _lmdb_failure(f"upgrading {root}", error) from error
         return version
+
+
+def _check_store_files(path: Path, file_mode: int = 0o600, trust_directory: bool = False) -> None:
+    """Refuse a directory others could write to, and planted links.
+
+    LMDB writes its lock table into lock.mdb and pages into data.mdb
+    wherever the names lead; a link would have it overwrite the file it
+    points to. A directory another user owns or may write to lets them
+    swap those files. What opening a store checks, and compacting and
+    upgrading one, before any file is opened: a FIFO or a device there
+    is refused too, never opened.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise _open_failure(path, error) from error
+    if not stat.S_ISDIR(info.st_mode):
+        raise IncompatibleStoreError(
+            f"{path} is not a directory", hint="give the path of a store directory"
+        )
+    if not trust_directory:
+        if info.st_uid != os.geteuid():
+            raise UnsafeStoreError(
+                f"{path} is owned by user {info.st_uid}, not by this process's user",
+                hint="open stores you own, or trust the directory: trust_directory=True in "
+                "Python, ?trust_directory=yes in the URI",
+            )
+        # Group or others may write only where file_mode lets them.
+        extra = info.st_mode & 0o022 & ~file_mode
+        if extra:
+            raise UnsafeStoreError(
+                f"{path} is writable by {'group' if extra & 0o020 else 'others'} "
+                f"(mode {stat.S_IMODE(info.st_mode):o})",
+                hint="chmod go-w the directory, give a file_mode that shares it "
+                "(file_mode=0o660 in Python, ?file_mode=660 in the URI), or trust the "
+                "directory (trust_directory=True, ?trust_directory=yes)",
+            )
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            entry = os.lstat(path / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(entry.st_mode):
+            raise UnsafeStoreError(
+                f"{path / name} is a symbolic link",
+                hint="a store's files must be plain files: remove the link",
+            )
+        if not stat.S_ISREG(entry.st_mode):
+            raise IncompatibleStoreError(
+                f"{path / name} is not a file",
+                hint="a store's data.mdb and lock.mdb must be plain files: remove it, "
+                "or pick an empty or new directory",
+            )
 
 
 def _upgrade_to_2(env: Any) -> None:
@@ -2358,6 +2434,13 @@ def _label(record: SessionRecord) -> str:
     return f"session {record.app_name}/{record.user_id}/{record.session_id}"
 
 
+def _without_hint(error: BaseException) -> str:
+    """Return an error's message without its hint: a report of problems gives one hint."""
+    text, hint = str(error), getattr(error, "hint", None)
+    suffix = f" (hint: {hint})"
+    return text[: -len(suffix)] if hint and text.endswith(suffix) else text
+
+
 def _pages(stat: Any) -> int:
     return int(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
 
@@ -2372,7 +2455,7 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _sole_user(path: Path) -> Iterator[None]:
+def _sole_user(path: Path, command: str) -> Iterator[None]:
     """Hold LMDB's lock on a store exclusively, or refuse: another process has it open.
 
     Every process with the store open holds a shared fcntl lock on the first
@@ -2380,10 +2463,27 @@ def _sole_user(path: Path) -> Iterator[None]:
     opening it first tries the exclusive lock and then waits for the shared
     one. So taking the exclusive lock both proves that no process has the
     store open and keeps any from opening it until this one is done.
+    ``command`` (compact, upgrade) is what the refusal's hint says to run
+    again. The lock file is opened without following a link and without
+    waiting on a FIFO, and must be a plain file.
     """
     mode = (path / "data.mdb").stat().st_mode & 0o666
-    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, mode)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    lock_file = path / "lock.mdb"
     try:
+        fd = os.open(lock_file, flags, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeStoreError(
+                f"{lock_file} is a symbolic link",
+                hint="a store's files must be plain files: remove the link",
+            ) from None
+        raise _open_failure(path, error) from error
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IncompatibleStoreError(
+                f"{lock_file} is not a file", hint="a store's lock.mdb must be a plain file"
+            )
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
         except OSError:
@@ -2391,7 +2491,8 @@ def _sole_user(path: Path) -> Iterator[None]:
             who = f" (pid {holder})" if holder else ""
             raise StoreError(
                 f"{path} is open in another process{who}",
-                hint="close every process that uses the store, then compact it",
+                hint=f"close every process that has the store open, then run "
+                f"`sessionscope {command} {path_uri(path)}` again",
             ) from None
         yield
         # The lock table describes the old file: empty it, so that a process

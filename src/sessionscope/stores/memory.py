@@ -21,6 +21,7 @@ from .base import (
     BatchResult,
     Completion,
     EventCopy,
+    EventPage,
     Expirer,
     InlineAsyncStore,
     Items,
@@ -152,6 +153,23 @@ class MemoryStore:
                 times = stored.timestamps
                 indices = [i for i in indices if times[i] >= after_timestamp]  # type: ignore[assignment]
             return self._loaded(stored, [stored.events[i] for i in indices])
+
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a session's record and up to ``limit`` stored events from position ``start``.
+
+        See ``LmdbStore.read_events``. None if the session does not exist.
+        """
+        with self._lock:
+            self._check_open()
+            stored = self._find(app_name, user_id, session_id)
+            if stored is None:
+                return None
+            first = bisect_left(stored.seqs, start)
+            stop = first + max(0, limit)
+            pairs = list(zip(stored.seqs[first:stop], stored.events[first:stop], strict=True))
+            return _copy(stored.record), pairs
 
     def _loaded(self, stored: _StoredSession, events: list[bytes]) -> LoadedSession:
         record = stored.record

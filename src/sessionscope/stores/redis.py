@@ -79,6 +79,7 @@ from .base import (
     AppendResult,
     BatchResult,
     Completion,
+    EventPage,
     Expirer,
     Items,
     ListPosition,
@@ -463,6 +464,39 @@ class _Operations:
             decode_values(_pairs(ustate_reply)),
             [],
         )
+
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> Plan[EventPage | None]:
+        """Return a session's record and up to ``limit`` stored events from position ``start``.
+
+        The positions, then the events and the record again: a session
+        deleted, created again or truncated between the two reads comes
+        back with its new record and no events, which the caller checks.
+        """
+        rec, events, _, _, _, positions, _ = self.keys.session(app_name, user_id, session_id)
+        (fields,) = yield [("HMGET", rec, *_RECORD_FIELDS)]
+        if fields[3] is None:
+            return None
+        record = _record(fields)
+        first = max(0, start)
+        if limit <= 0:
+            return record, []
+        if record.removed_count == 0:
+            # Until a truncation the positions are all of 0..count-1.
+            seqs = list(range(first, min(record.event_count, first + limit)))
+        else:
+            (found,) = yield [("ZRANGE", positions, first, "+inf", "BYSCORE", "LIMIT", 0, limit)]
+            seqs = [int(seq) for seq in found]
+        if not seqs:
+            return record, []
+        values, again = yield [("HMGET", events, *seqs), ("HMGET", rec, *_RECORD_FIELDS)]
+        if again[3] is None:
+            return None
+        now = _record(again)
+        if (now.number, now.removed_count) != (record.number, record.removed_count):
+            return now, []
+        return now, [(seq, bytes(v)) for seq, v in zip(seqs, values, strict=True) if v is not None]
 
     def load(
         self,
@@ -1645,6 +1679,13 @@ class _AsyncRedisStore:
             lambda: ops.load(app_name, user_id, session_id, num_recent_events, after_timestamp)
         )
 
+    async def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a page of a session's events; see ``Store.read_events``."""
+        ops = self._store._ops
+        return await self._run(lambda: ops.read_events(app_name, user_id, session_id, start, limit))
+
     async def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return session records; see ``Store.list_sessions``."""
         return await self._run(lambda: self._store._ops.list_records(app_name, user_id))
@@ -1965,6 +2006,12 @@ class RedisStore:
         return self._run(
             self._ops.load(app_name, user_id, session_id, num_recent_events, after_timestamp)
         )
+
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a session's record and up to ``limit`` events from position ``start``."""
+        return self._run(self._ops.read_events(app_name, user_id, session_id, start, limit))
 
     def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return the records of an app's (or one user's) sessions."""
