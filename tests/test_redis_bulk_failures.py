@@ -59,10 +59,10 @@ def own(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         started.stop()
 
 
-@pytest.fixture(autouse=True)
-def unlimited_after(own: Any) -> Iterator[None]:
-    """Lift the memory limit after each test, whatever it did."""
-    yield
+@pytest.fixture
+def server(own: Any) -> Iterator[Any]:
+    """The module's server (or cluster), its memory limit lifted after the test."""
+    yield own
     unlimited(own)
 
 
@@ -114,12 +114,12 @@ def check_out_of_memory(error: BaseException | None) -> None:
 # -- out of memory part-way ---------------------------------------------------
 
 
-def test_a_batch_refused_for_memory_part_way_stores_and_reports_a_prefix(own: Any) -> None:
+def test_a_batch_refused_for_memory_part_way_stores_and_reports_a_prefix(server: Any) -> None:
     """The live session takes exactly what landed; no call after the refused one lands."""
     events = three_calls()
-    with SyncSessionService(new_uri(own)) as svc:
+    with SyncSessionService(new_uri(server)) as svc:
         s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
-        leave_room(own, ROOM)
+        leave_room(server, ROOM)
         with pytest.raises(StoreError) as raised:
             svc.append_many([(s, e) for e in events])
         check_out_of_memory(raised.value)
@@ -134,7 +134,7 @@ def test_a_batch_refused_for_memory_part_way_stores_and_reports_a_prefix(own: An
         assert s.state == stored.state and s.revision == stored.revision
 
         # The retry, once the server has room, stores the rest once.
-        unlimited(own)
+        unlimited(server)
         svc.append_many([(s, e) for e in events])
         stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
         assert stored is not None
@@ -145,14 +145,14 @@ def test_a_batch_refused_for_memory_part_way_stores_and_reports_a_prefix(own: An
         svc.append_event(s, ev(delta={"n": -1}))
 
 
-def test_batches_until_the_server_is_full_each_store_a_prefix(own: Any) -> None:
+def test_batches_until_the_server_is_full_each_store_a_prefix(server: Any) -> None:
     """Batches interleaving sessions, sent until memory runs out: stored and live agree."""
-    with SyncSessionService(new_uri(own)) as svc:
+    with SyncSessionService(new_uri(server)) as svc:
         sessions = [
             svc.create_session(app_name=APP, user_id=USER, session_id=f"s{i}") for i in range(3)
         ]
         sent: list[tuple[Any, Event]] = []
-        leave_room(own, 4 * ROOM)
+        leave_room(server, 4 * ROOM)
         error: StoreError | None = None
         for round_ in range(100):
             batch = [
@@ -178,7 +178,7 @@ def test_batches_until_the_server_is_full_each_store_a_prefix(own: Any) -> None:
         landed = {e.id for got in stored if got is not None for e in got.events}
         assert landed == {e.id for _, e in sent[:count]}
 
-        unlimited(own)
+        unlimited(server)
         failed = sent[-3000:]
         svc.append_many(failed)
         for i, live in enumerate(sessions):
@@ -189,20 +189,20 @@ def test_batches_until_the_server_is_full_each_store_a_prefix(own: Any) -> None:
             assert got.state == {"n": sent[-3 + i][1].actions.state_delta["n"]}
 
 
-def test_the_async_face_reports_what_it_stored_when_memory_runs_out(own: Any) -> None:
+def test_the_async_face_reports_what_it_stored_when_memory_runs_out(server: Any) -> None:
     """``aio.append_many``: the batch result counts what landed; the retry counts repeats."""
     events = three_calls()
-    store = open_store(new_uri(own))
+    store = open_store(new_uri(server))
     assert isinstance(store, RedisStore)
     try:
         store.create_session(APP, USER, "s", 1000.0, [], [], []).result()
         batch = AppendBatch.of(request("s", e) for e in events)
 
         async def send_twice() -> tuple[BatchResult, Any, BatchResult, Any]:
-            leave_room(own, ROOM)
+            leave_room(server, ROOM)
             first = await store.aio.append_many(batch)
             between = await store.aio.load_session(APP, USER, "s", None, None)
-            unlimited(own)
+            unlimited(server)
             again = await store.aio.append_many(batch)
             after = await store.aio.load_session(APP, USER, "s", None, None)
             await store.aio.close()
@@ -272,10 +272,10 @@ class Flusher:
 
 
 def test_function_flush_while_batches_are_sent_stores_each_event_once_in_order(
-    own: Any,
+    server: Any,
 ) -> None:
     """Calls that found no library are sent again, and only they: complete, in order, once."""
-    with SyncSessionService(new_uri(own)) as svc:
+    with SyncSessionService(new_uri(server)) as svc:
         sessions = [
             svc.create_session(app_name=APP, user_id=f"user{i}", session_id="s") for i in range(2)
         ]
@@ -286,7 +286,7 @@ def test_function_flush_while_batches_are_sent_stores_each_event_once_in_order(
             sent.extend(batch)
             svc.append_many(batch)
 
-        flusher = Flusher(own)
+        flusher = Flusher(server)
         flusher.flush()  # the first call of the first batch finds no library
         send(0)
         with flusher:
@@ -301,9 +301,9 @@ def test_function_flush_while_batches_are_sent_stores_each_event_once_in_order(
             assert got.state == live.state == {"n": 7 * 3000 + 2998 + i}
 
 
-def test_function_flush_while_the_async_face_sends_batches(own: Any) -> None:
+def test_function_flush_while_the_async_face_sends_batches(server: Any) -> None:
     """The async face sends again only what did not run: every batch lands whole, once."""
-    store = open_store(new_uri(own))
+    store = open_store(new_uri(server))
     assert isinstance(store, RedisStore)
     batches: list[list[Event]] = [[ev(delta={"n": i}) for i in range(2500)] for _ in range(6)]
     try:
@@ -318,7 +318,7 @@ def test_function_flush_while_the_async_face_sends_batches(own: Any) -> None:
             await store.aio.close()
             return results, loaded
 
-        flusher = Flusher(own)
+        flusher = Flusher(server)
         flusher.flush()
         with flusher:
             results, loaded = _stores.run(send_all())
@@ -330,3 +330,42 @@ def test_function_flush_while_the_async_face_sends_batches(own: Any) -> None:
     assert loaded.events == [encode_event(e) for events in batches for e in events]
     number = loaded.record.marker.partition(":")[0]
     assert [r.markers for r in results] == [[f"{number}:{2500 * k}"] for k in range(1, 7)]
+
+
+# -- a pipeline sent again after its reply was lost ----------------------------
+
+
+def test_a_batch_sent_again_after_a_lost_reply_answers_as_it_first_did(tmp_path: Path) -> None:
+    """Calls that ran before the connection gave up answer their first reply when sent again.
+
+    The server is stopped while a batch of three calls is on its way: the
+    client's read times out and redis-py sends the pipeline again on a new
+    connection (its sync client does; its asyncio pipelines do not retry a
+    timeout). Once the server goes on, it runs the calls of both
+    connections; the second time each call answers from the batch's guard,
+    so the batch reports every event appended (none a repeat) and the live
+    session takes them all.
+    """
+    local = RedisServer(tmp_path / "server").start()
+    try:
+        events = [ev(delta={"n": i}) for i in range(2500)]
+        # The server goes on after the first read timed out (2 s) and before
+        # the second does (about 4 s).
+        resume = threading.Timer(3.0, local.resume)
+        with SyncSessionService(RedisStore(local.url, timeout=2.0)) as svc:
+            s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+            local.pause()
+            resume.start()
+            svc.append_many([(s, e) for e in events])
+            resume.join()
+            stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+            assert stored is not None
+            assert event_ids(stored) == [e.id for e in events]
+            assert event_ids(s) == event_ids(stored) and s.revision == stored.revision
+        # The pipeline was sent twice: more calls ran than the create and the three appends.
+        stats = local.cli("INFO", "commandstats")
+        calls = int(stats.partition("cmdstat_fcall:calls=")[2].partition(",")[0])
+        assert calls > 4
+    finally:
+        local.resume()
+        local.stop()
