@@ -121,7 +121,7 @@ _PLAIN_LOCKED = str(_LOCKED)
 _CHUNK = 1000
 # How many times in a row a batch's calls are sent again after the runner
 # loaded the function library that had gone, before the batch gives up.
-_RELOADS = 3
+_RELOADS = 5
 _U32 = struct.Struct(">I")
 # An event time in a session's time string (see redis_functions.lua).
 _DOUBLE = struct.Struct(">d")
