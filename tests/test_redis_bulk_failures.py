@@ -369,3 +369,33 @@ def test_a_batch_sent_again_after_a_lost_reply_answers_as_it_first_did(tmp_path:
     finally:
         local.resume()
         local.stop()
+
+
+def test_reads_placed_in_batches_answer_their_place_while_the_library_is_flushed(
+    server: Any,
+) -> None:
+    """``append_many_reading``: a call sent again after a reload answers its reads in place."""
+    store = open_store(new_uri(server))
+    assert isinstance(store, RedisStore)
+    try:
+        store.create_session(APP, USER, "s", 1000.0, [], [], []).result()
+        sent: list[Event] = []
+        with Flusher(server) as flusher:
+            for _ in range(6):
+                events = [ev(delta={"n": i}) for i in range(2500)]
+                batch = AppendBatch.of(request("s", e) for e in events)
+                # A read after every 400 events: each answers the events before it.
+                places = list(range(0, 2501, 400))
+                reads = [(p, APP, USER, "s", None, None) for p in places]
+                result, loaded = store.append_many_reading(batch, reads)
+                assert result.error is None and result.applied == 2500 and result.repeats == []
+                assert len(loaded) == len(places)
+                for place, answer in zip(places, loaded, strict=True):
+                    assert answer is not None
+                    assert answer.events == [encode_event(e) for e in sent + events[:place]]
+                sent += events
+        assert flusher.flushes > 2
+        stored = store.load_session(APP, USER, "s", None, None)
+        assert stored is not None and stored.events == [encode_event(e) for e in sent]
+    finally:
+        store.close()
