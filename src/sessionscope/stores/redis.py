@@ -1423,7 +1423,7 @@ class _Tolerant(list[Command]):
     The runner hands each error reply back in its place as the StoreError a
     caller sees, and a call the server did not run for want of the function
     library as ``_RELOADED``, after loading the library: the plan sends
-    again only what did not run. Others plans get the first error raised,
+    again only what did not run. Other plans get the first error raised,
     and every command sent again after a load (each is idempotent).
     """
 
