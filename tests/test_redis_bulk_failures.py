@@ -415,3 +415,40 @@ def test_reads_placed_in_batches_answer_their_place_while_the_library_is_flushed
         assert stored is not None and stored.events == [encode_event(e) for e in sent]
     finally:
         store.close()
+
+
+def test_reads_in_a_batch_sent_again_after_a_lost_reply_are_not_answered_wrong(
+    tmp_path: Path,
+) -> None:
+    """A read in a call that ran before the resend is reported lost, not answered late.
+
+    Its answer is not kept in the batch's guard; answered again it would see
+    the events after its place. The batch reports every event stored, and an
+    error for the reads it cannot answer.
+    """
+    local = RedisServer(tmp_path / "server").start()
+    try:
+        store = RedisStore(local.url, timeout=2.0)
+        try:
+            store.create_session(APP, USER, "s", 1000.0, [], [], []).result()
+            events = [ev(delta={"n": i}) for i in range(2500)]
+            batch = AppendBatch.of(request("s", e) for e in events)
+            reads = [(p, APP, USER, "s", None, None) for p in (500, 1500, 2500)]
+            resume = threading.Timer(3.0, local.resume)
+            local.pause()
+            resume.start()
+            result, loaded = store.append_many_reading(batch, reads)
+            resume.join()
+            stored = store.load_session(APP, USER, "s", None, None)
+        finally:
+            store.close()
+        assert stored is not None and stored.events == [encode_event(e) for e in events]
+        assert result.applied == 2500 and result.repeats == []
+        assert isinstance(result.error, StoreError) and "lost" in str(result.error)
+        # What was answered answers its place.
+        for (place, *_), answer in zip(reads, loaded, strict=False):
+            assert answer is not None
+            assert answer.events == [encode_event(e) for e in events[:place]]
+    finally:
+        local.resume()
+        local.stop()
