@@ -22,7 +22,7 @@ user's state share one slot, and an app's own keys another):
     P:{u}u         hash     user state
     P:{u}x         zset     the user's session ids scored by last update time
     P:{u}p         hash     app deltas recorded but not yet applied (cluster)
-    P:{u}g:<token> string   marks a failed batch (60 s)
+    P:{u}g:<token> hash     chains a batch's calls: how many landed, their replies (60 s)
     P:{a}a         hash     app state
     P:{a}k         zset     app deltas applied, by token (cluster; kept a day)
     P:{a}d         zset     the app's users (a directory for listing)
@@ -137,6 +137,9 @@ _COUNT_LIMIT = 65536
 _PLAIN_LOCKED = str(_LOCKED)
 # Requests per FCALL in a bulk append (runs of one session or several).
 _CHUNK = 1000
+# How many times in a row a batch's calls are sent again after the runner
+# loaded the function library that had gone, before the batch gives up.
+_RELOADS = 5
 _U32 = struct.Struct(">I")
 # An event time in a session's time string (see redis_functions.lua).
 _DOUBLE = struct.Struct(">d")
@@ -693,7 +696,7 @@ class _Operations:
         )
 
     def _call(
-        self, runs: list[Run], guard: bytes, guarded: bool, batch: AppendBatch | None = None
+        self, runs: list[Run], guard: bytes, place: int | None, batch: AppendBatch | None = None
     ) -> Command:
         """Return the FCALL appending runs of requests, each run to one session.
 
@@ -701,6 +704,8 @@ class _Operations:
         of it the call has (a batch interleaving sessions has many). A read
         placed among the runs (a ``BatchRead``) is answered in its place. A
         ``_Span`` is a run of ``batch``'s events, packed from its columns.
+        ``place`` is the call's place among the calls under ``guard`` (see
+        ``_send_calls``); None for an append outside a batch.
         """
         keys: list[Any] = []
         sids: list[str] = []
@@ -734,8 +739,8 @@ class _Operations:
                 for request in run:
                     _request_args(request, args)
         return ("FCALL", _FN_APPEND, 1 + len(keys), guard, *keys,
-                1 if guarded else 0, self.settings.ttl, len(sids), len(keys) // len(sids),
-                len(runs), *sids, *args)  # fmt: skip
+                "" if place is None else place, self.settings.ttl, len(sids),
+                len(keys) // len(sids), len(runs), *sids, *args)  # fmt: skip
 
     def _result(self, request: AppendRequest, reply: Any, around: tuple[str, str]) -> AppendResult:
         """Decode one request's result; raise its refusal as ``check_append`` words it.
@@ -794,7 +799,7 @@ class _Operations:
     def append(self, request: AppendRequest) -> Plan[AppendResult]:
         guard = self.keys.guard(request.app_name, request.user_id, "")
         replies = yield [
-            self._call([[request]], guard, False),
+            self._call([[request]], guard, None),
             *self._app_upkeep(request.app_name),
             *self._waits(),
         ]
@@ -825,27 +830,18 @@ class _Operations:
     ) -> Plan[_Tally]:
         """Append a batch's events start..stop in runs of sessions, ``_CHUNK`` per FCALL, pipelined.
 
-        A refused request marks the batch's guard key, so the pipelined calls
-        after it append nothing; the client then stops there.
+        The calls of a group are chained (see ``_send_calls``): a call the
+        server refused or never ran holds back those after it, and the
+        tally holds exactly what was stored, a prefix of the batch.
         """
         stop = len(batch) if stop is None else stop
         tally = _Tally(batch, start)
         while start < stop:
             group = self._slot_group(batch, start, stop)
-            guard = self._new_guard(batch.keys[batch.owners[start]])
             calls = _calls(_spans(batch, start, start + group))
-            replies = yield [*(self._call(runs, guard, True, batch) for runs in calls),
-                             *self._batch_upkeep(batch, start, start + group),
-                             *self._waits()]  # fmt: skip
-            if self.settings.wait:
-                self._check_wait(replies[-1])
-            stopped = False
-            for runs, reply in zip(calls, replies, strict=False):
-                stopped = yield from self._take(runs, reply, tally)
-                if stopped:
-                    break
-            if stopped:
-                yield [("DEL", guard)]
+            upkeep = self._batch_upkeep(batch, start, start + group)
+            first = batch.keys[batch.owners[start]]
+            if (yield from self._send_calls(calls, first, tally, upkeep)):
                 if tally.error is not None:
                     return tally
                 # A repeat with other bytes but equal content stopped the
@@ -864,9 +860,9 @@ class _Operations:
         the events before a read, the read's own call, the calls up to the
         next read, and so on. The server runs a connection's commands in
         order, so each read answers what a read sent after the events
-        before it would. The calls share one guard key: after a refused
-        event the later calls append nothing, and the reads after it are
-        not answered.
+        before it would. The calls are chained as a batch's are (see
+        ``_send_calls``): after a refused event the later calls append
+        nothing, and the reads after it are not answered.
         """
         if self.cluster:
             return (yield from self._append_then_read(batch, reads))
@@ -874,7 +870,6 @@ class _Operations:
         loaded: list[LoadedSession | None] = []
         start, first_read, total = 0, 0, len(batch)
         while start < total or first_read < len(reads):
-            guard = self._new_guard(batch.keys[batch.owners[start]] if start < total else None)
             runs: list[Run] = []
             position = start
             for read in (*reads[first_read:], None):
@@ -884,20 +879,13 @@ class _Operations:
                 if read is not None:
                     runs.append(read)
             calls = _calls(runs)
-            replies = yield [*(self._call(c, guard, True, batch) for c in calls),
-                             *self._batch_upkeep(batch, start, total), *self._waits()]  # fmt: skip
-            if self.settings.wait:
-                self._check_wait(replies[-1])
-            stopped = False
+            first = batch.keys[batch.owners[start]] if start < total else None
+            upkeep = self._batch_upkeep(batch, start, total)
             answered = len(loaded)
-            for runs_of_call, reply in zip(calls, replies, strict=False):
-                stopped = yield from self._take(runs_of_call, reply, tally, loaded)
-                if stopped:
-                    break
+            stopped = yield from self._send_calls(calls, first, tally, upkeep, loaded)
             first_read += len(loaded) - answered
             if not stopped:
                 return tally, loaded
-            yield [("DEL", guard)]
             if tally.error is not None:
                 return tally, loaded
             # A repeat with other bytes but equal content stopped the server:
@@ -927,6 +915,84 @@ class _Operations:
                 loaded.append((yield from self.load(*read[1:])))
         return tally, loaded
 
+    def _send_calls(
+        self,
+        calls: list[list[Run]],
+        first: tuple[str, str, str] | None,
+        tally: _Tally,
+        upkeep: list[Command],
+        loaded: list[LoadedSession | None] | None = None,
+    ) -> Plan[bool]:
+        """Send a group's append calls, pipelined, and take the reply of every call that ran.
+
+        The calls are chained by a fresh guard key (in the slot of the
+        session ``first``; see ``append`` in redis_functions.lua): call k
+        runs only once call k-1 has landed, so whatever the server answers
+        part-way (a refusal, out of memory, a flushed function library)
+        what is stored is a prefix of the group, in order, and ``tally``
+        takes exactly that. Calls the server did not run for want of the
+        library are sent again, from the first of them, once the runner
+        has loaded it. Returns whether the batch stopped: at a refusal
+        (``tally.error`` None when the refused event was a repeat after
+        all) or with ``tally.error`` set.
+        """
+        guard = self._new_guard(first)
+        done = reloads = 0
+        while True:
+            sent = calls[done:]
+            try:
+                replies = yield _Tolerant(
+                    [*(self._call(runs, guard, place, tally.batch)
+                       for place, runs in enumerate(sent, done)),
+                     *upkeep, *self._waits()]
+                )  # fmt: skip
+            except StoreError as error:  # the network failed: nothing more is known
+                tally.error = error
+                return True
+            upkeep = []
+            again = False
+            for runs, reply in zip(sent, replies, strict=False):
+                if reply is _RELOADED:
+                    again = True
+                    break
+                if isinstance(reply, StoreError):
+                    tally.error = reply
+                    return True
+                if reply[0] is None:
+                    # Held back, though the call before it landed: the guard
+                    # key went (FLUSHALL, eviction) between the two.
+                    tally.error = StoreError(
+                        "the server lost the batch's guard key part-way",
+                        hint="something flushed or evicted keys: check the server's "
+                        "maxmemory-policy and who runs FLUSHALL; the events reported "
+                        "applied were stored",
+                    )
+                    return True
+                done += 1
+                reloads = 0
+                if (yield from self._take(runs, reply, tally, loaded)):
+                    return True
+            for reply in replies[len(sent) :]:
+                if isinstance(reply, StoreError) and tally.error is None:
+                    tally.error = reply
+            if self.settings.wait and tally.error is None:
+                try:
+                    self._check_wait(replies[-1])
+                except StoreError as error:
+                    tally.error = error
+            if tally.error is not None:
+                return True
+            if not again:
+                return False
+            reloads += 1
+            if reloads > _RELOADS:
+                tally.error = StoreError(
+                    "the server lost its function library again and again",
+                    hint="something runs FUNCTION FLUSH or restarts the server without "
+                    "persistence: stop it, then retry; the events reported applied were stored",
+                )
+                return True
+
     def _new_guard(self, first: tuple[str, str, str] | None) -> bytes:
         """Return a fresh guard key for a batch, in the slot of its first session."""
         if first is None:
@@ -949,20 +1015,46 @@ class _Operations:
         A refusal stops the batch, and so does a result the client cannot
         take (its error goes to ``tally.error``); ``tally.applied`` is then
         the stopped event's position. The answers of reads placed in the
-        call go to ``loaded``.
+        call go to ``loaded``. On a cluster the app deltas the call left
+        pending are finished once its results are taken: a failure there
+        stops the batch after the events stored (their deltas stay pending
+        for the next read or append of the user to finish).
         """
-        batch = tally.batch
         outcomes, pending = reply
+        stopped = yield from self._take_outcomes(runs, outcomes, tally, loaded)
         if self.cluster and pending:
             first = runs[0]
             assert type(first) is _Span
-            app_name, user_id, _ = batch.keys[first.owner]
-            yield from self._finish_pending(app_name, user_id, pending)
+            app_name, user_id, _ = tally.batch.keys[first.owner]
+            try:
+                yield from self._finish_pending(app_name, user_id, pending)
+            except StoreError as error:
+                tally.error = tally.error or error
+                return True
+        return stopped
+
+    def _take_outcomes(
+        self,
+        runs: list[Run],
+        outcomes: list[Any],
+        tally: _Tally,
+        loaded: list[LoadedSession | None] | None,
+    ) -> Plan[bool]:
+        """Decode the runs' outcomes of one call's reply (see ``_take``)."""
+        batch = tally.batch
         # What surrounds the count in a marker, by (session number, removed count).
         around: dict[tuple[Any, Any], tuple[str, str]] = {}
         for run, outcome in zip(runs, outcomes, strict=False):
             if type(run) is tuple:
                 assert loaded is not None
+                if type(outcome) is bytes or tally.error is not None:
+                    # A call sent again after it ran: the guard kept no
+                    # answer of its reads; the appends after them are taken.
+                    tally.error = tally.error or StoreError(
+                        "the answer of a read placed in the batch was lost with the connection",
+                        hint="the events reported applied are stored; read the session again",
+                    )
+                    continue
                 loaded.append((yield from self._loaded(run[1], run[2], run[3], outcome, None)))
                 continue
             assert type(run) is _Span
@@ -1376,8 +1468,16 @@ def _failure(error: BaseException, where: str) -> StoreError:
         hint = f"{where} did not answer in time: check that it runs and is not overloaded"
     elif isinstance(error, redis.exceptions.ConnectionError):
         hint = f"cannot reach {where}: check that redis-server runs and the URI is right"
-    elif isinstance(error, redis.exceptions.ResponseError) and "OOM" in str(error):
-        hint = "the server is out of memory: raise maxmemory or free space"
+    elif _out_of_memory(error):
+        # (redis-py's OutOfMemoryError drops the reply's "OOM" prefix.)
+        failure = StoreError(
+            f"Redis is out of memory: {redact(str(error))}",
+            hint="raise the server's maxmemory or free space, then retry (events already "
+            "stored answer as repeats); keep maxmemory-policy noeviction, so that nothing "
+            "stored is evicted",
+        )
+        failure.__cause__ = error
+        return failure
     elif isinstance(error, redis.exceptions.RedisClusterException):
         hint = (
             f"no cluster at {where}: check that the nodes run with cluster-enabled yes "
@@ -1416,11 +1516,43 @@ def _policy_of(client: Any) -> str | None:
     return _text(found)
 
 
-def _missing_library(replies: Iterable[Any]) -> bool:
-    return any(
-        isinstance(r, redis.exceptions.ResponseError) and "Function not found" in str(r)
-        for r in replies
+def _out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, redis.exceptions.OutOfMemoryError) or (
+        isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("OOM")
     )
+
+
+def _missing_library(replies: Iterable[Any]) -> bool:
+    return any(_not_found(r) for r in replies)
+
+
+def _not_found(reply: Any) -> bool:
+    return isinstance(reply, redis.exceptions.ResponseError) and "Function not found" in str(reply)
+
+
+class _Tolerant(list[Command]):
+    """Commands of a plan that takes their error replies itself (a bulk append's calls).
+
+    The runner hands each error reply back in its place as the StoreError a
+    caller sees, and a call the server did not run for want of the function
+    library as ``_RELOADED``, after loading the library: the plan sends
+    again only what did not run. Other plans get the first error raised,
+    and every command sent again after a load (each is idempotent).
+    """
+
+
+# In place of a reply to a call that found no function library (see _Tolerant).
+_RELOADED = object()
+
+
+def _tolerated(replies: list[Any], reloaded: bool, where: str) -> list[Any]:
+    """Return the replies of ``_Tolerant`` commands as the plan takes them."""
+    return [
+        _RELOADED if reloaded and _not_found(reply)
+        else _failure(reply, where) if isinstance(reply, redis.exceptions.RedisError)
+        else reply
+        for reply in replies
+    ]  # fmt: skip
 
 
 def _retry() -> Retry:
@@ -1447,18 +1579,28 @@ class _SyncRunner:
         try:
             commands = next(plan)
             while True:
-                commands = plan.send(self._execute(commands))
+                try:
+                    replies = self._execute(commands)
+                except StoreError as error:
+                    # Raised where the plan waits: a bulk append keeps what it took.
+                    commands = plan.throw(error)
+                else:
+                    commands = plan.send(replies)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
     def _execute(self, commands: list[Command]) -> list[Any]:
         try:
             replies = self._send(commands)
-            if _missing_library(replies):
+            reloaded = _missing_library(replies)
+            if reloaded:
                 self.load_library()
-                replies = self._send(commands)
+                if type(commands) is not _Tolerant:
+                    replies = self._send(commands)
         except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
+        if type(commands) is _Tolerant:
+            return _tolerated(replies, reloaded, self.where)
         for reply in replies:
             if isinstance(reply, redis.exceptions.RedisError):
                 raise _failure(reply, self.where) from reply
@@ -1497,20 +1639,30 @@ class _AsyncRunner:
         try:
             commands = next(plan)
             while True:
-                commands = plan.send(await self._execute(commands))
+                try:
+                    replies = await self._execute(commands)
+                except StoreError as error:
+                    # Raised where the plan waits: a bulk append keeps what it took.
+                    commands = plan.throw(error)
+                else:
+                    commands = plan.send(replies)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
     async def _execute(self, commands: list[Command]) -> list[Any]:
         try:
             replies = await self._send(commands)
-            if _missing_library(replies):
+            reloaded = _missing_library(replies)
+            if reloaded:
                 await self.load_library()
-                replies = await self._send(commands)
+                if type(commands) is not _Tolerant:
+                    replies = await self._send(commands)
         except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
         except OSError as error:
             raise _failure(redis.exceptions.ConnectionError(str(error)), self.where) from error
+        if type(commands) is _Tolerant:
+            return _tolerated(replies, reloaded, self.where)
         for reply in replies:
             if isinstance(reply, redis.exceptions.RedisError):
                 raise _failure(reply, self.where) from reply

@@ -727,10 +727,39 @@ local function read_in_call(call, s, n, after)
     return load({k[1], k[2], k[4], k[5], k[6], k[8], k[10], k[12]}, {n, after})
 end
 
+-- The calls of a batch are chained by the batch's guard, a hash kept a
+-- minute: `n` counts the calls that ran, in order (negated once one was
+-- refused part-way), and field k holds call k's reply. Call k runs only
+-- while `n` is k: after a call that was refused, or that the server never
+-- ran (out of memory, the library flushed), the calls after it append
+-- nothing, so what a batch stores is always a prefix of it. A call sent
+-- again after it ran (a pipeline resent after a lost connection) answers
+-- its first reply and appends nothing; the answers of reads placed in it
+-- are not kept (they can be large), only the word 'lost' in their place.
+local GUARD_SECONDS = 60
+
+-- The pending app deltas of a call's user (cluster: no app map among the
+-- keys of its first session, which start at keys[2]).
+local function call_pending(keys, per)
+    if per < 12 then
+        return pending_of(keys[11])
+    end
+    return {}
+end
+
+-- Notes in the guard that call `place` ran and what it answered; a call
+-- stopped by a refusal does not let the calls after it run.
+local function note_call(guard_key, place, kept, stopped)
+    local ran = tonumber(place) + 1
+    redis.call('HSET', guard_key, place, cmsgpack.pack(kept), 'n', stopped and -ran or ran)
+    redis.call('EXPIRE', guard_key, GUARD_SECONDS)
+end
+
 -- KEYS: the batch's guard, then per session of the call: record, events,
 --       ids, times, state, positions, names, user state, index, pending,
 --       counter[, app state]
--- ARGV: guarded (1 in a batch), ttl, session count, keys per session, run
+-- ARGV: the call's place in its batch (0, 1, ...; '' for an append outside
+--   a batch), ttl, session count, keys per session, run
 --   count, each session's id, then per run: its session (1-based), request
 --   count and the requests (see append_one); or, for a read placed there,
 --   its session, -1, and load's two arguments (last n, after timestamp).
@@ -739,20 +768,31 @@ end
 -- session of a call shares a slot on a cluster (one user's). Returns {runs,
 -- pending}: per run tried, {results, session number, truncated count}, or a
 -- read's answer as load gives it (a refusal ends the call, and in a batch
--- marks its guard so that the calls after it append nothing), and the
--- pending app deltas of the call's user (cluster mode) for the client to
--- finish.
+-- holds the calls after it back), and the pending app deltas of the call's
+-- user (cluster mode) for the client to finish. A call of a batch whose
+-- predecessor has not landed runs nothing and returns {false, {}}.
 local function append(keys, args)
-    local guard_key, guarded, ttl = keys[1], args[1] == '1', tonumber(args[2])
+    local guard_key, place, ttl = keys[1], args[1], tonumber(args[2])
     local n_sessions, per, n_runs = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
     local out = {}
-    if guarded and redis.call('EXISTS', guard_key) == 1 then
-        -- An earlier part of this batch failed: nothing after it is tried.
-        return {out, {}}
+    if place ~= '' then
+        local ran, k = tonumber(redis.call('HGET', guard_key, 'n') or '0'), tonumber(place)
+        if k < math.abs(ran) then
+            -- This call ran already: its answer again.
+            local kept = redis.call('HGET', guard_key, place)
+            return {cmsgpack.unpack(kept), call_pending(keys, per)}
+        end
+        if ran ~= k then
+            -- The call before it in the batch did not land: nothing is tried.
+            return {false, {}}
+        end
     end
     if n_sessions == 1 and n_runs == 1 and tonumber(args[8]) > 0 then
         local reply = append_straight(keys, args, ttl, tonumber(args[8]))
         if reply then
+            if place ~= '' then
+                note_call(guard_key, place, reply[1], false)
+            end
             return reply
         end
     end
@@ -782,6 +822,9 @@ local function append(keys, args)
         read_session(s)
     end
     pos = first_run
+    -- The reply as the guard keeps it (reads' answers left out), and
+    -- whether a refusal stopped the call.
+    local kept, stopped = {}, false
     for r = 1, n_runs do
         local s, total = call.sessions[tonumber(args[pos])], tonumber(args[pos + 1])
         pos = pos + 2
@@ -798,14 +841,13 @@ local function append(keys, args)
             end
         end
         if total < 0 then
-            out[r] = results
+            out[r], kept[r] = results, 'lost'
         else
             out[r] = {results, s.number or false, s.removed}
+            kept[r] = out[r]
         end
         if refused then
-            if guarded then
-                redis.call('SET', guard_key, '1', 'EX', 60)
-            end
+            stopped = true
             break
         end
     end
@@ -820,12 +862,10 @@ local function append(keys, args)
         end
     end
     flush_index(index, ttl)
-    local pending = {}
-    local first = call.sessions[1]
-    if first and not first.keys[12] then
-        pending = pending_of(first.keys[10])
+    if place ~= '' then
+        note_call(guard_key, place, kept, stopped)
     end
-    return {out, pending}
+    return {out, call_pending(keys, per)}
 end
 
 -- A new session number: microseconds of server time, above every number
