@@ -51,8 +51,10 @@ def help_text(*command: str) -> str:
         capture_output=True,
         text=True,
         env=env,
-        check=True,
+        check=False,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"sessionscope {' '.join(command)} --help failed: {done.stderr}")
     return done.stdout.rstrip() + "\n"
 
 
