@@ -37,6 +37,7 @@ except ImportError:  # ADK before the stale-session check
 
 from . import errors
 from ._adk_codec import decode_events, encode_event
+from .migrate import MigrationReport, migrate_from_adk
 from .service import AsyncSessions, FieldModel, ServiceCore
 from .stores import LmdbStore, MemoryStore, Store, open_store
 from .stores.base import SessionRecord
@@ -46,10 +47,12 @@ __all__ = [
     "AlreadyExistsError",
     "LmdbSessionService",
     "MemorySessionService",
+    "MigrationReport",
     "RedisSessionService",
     "SessionNotFoundError",
     "StaleSessionError",
     "main",
+    "migrate_from_adk",
     "register",
 ]
 
