@@ -6,6 +6,7 @@ An append-only log of events per session plus state scoped by key prefix
 
 from __future__ import annotations
 
+from .admin.dump import DumpCounts, export_dump, import_dump
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, Scope, scope_of
 from .errors import (
     AlreadyExistsError,
@@ -43,6 +44,7 @@ __all__ = [
     "USER_PREFIX",
     "AlreadyExistsError",
     "CorruptStoreError",
+    "DumpCounts",
     "DumpError",
     "DuplicateEventError",
     "Event",
@@ -69,6 +71,8 @@ __all__ = [
     "SyncSessionService",
     "UnsafeStoreError",
     "__version__",
+    "export_dump",
+    "import_dump",
     "inject_state",
     "open_store",
     "scope_of",
