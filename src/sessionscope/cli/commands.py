@@ -738,7 +738,7 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
             path.rmdir()
         return
     try:
-        with _sole_user(path):
+        with _sole_user(path, "import"):
             env = lmdb.open(str(path), readonly=True, lock=False)
             try:
                 untouched = env.info()["last_txnid"] == last_write
