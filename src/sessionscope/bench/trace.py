@@ -360,7 +360,7 @@ def load_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def sample_trace_path() -> Path:
     """Return the path of the small sample trace shipped with the package."""
-    return Path(__file__).with_name("data") / "sample_trace.jsonl"
+    return Path(__file__).parents[1] / "data" / "sample_trace.jsonl"
 
 
 # -- what a trace implies ----------------------------------------------------
