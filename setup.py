@@ -26,15 +26,15 @@ else:
 
     # (compiled module, source): sessionscope.core.compiled_or_twin picks them.
     HOT_PATH = [
-        ("sessionscope.stores._lmdb_append_c", "src/sessionscope/stores/_lmdb_append.py"),
-        ("sessionscope.stores._lmdb_locks_c", "src/sessionscope/stores/_lmdb_locks.py"),
-        ("sessionscope._append_c", "src/sessionscope/_append.py"),
-        ("sessionscope._listing_c", "src/sessionscope/_listing.py"),
+        ("sessionscope.stores.lmdb._append_c", "src/sessionscope/stores/lmdb/_append.py"),
+        ("sessionscope.stores.lmdb._locks_c", "src/sessionscope/stores/lmdb/_locks.py"),
+        ("sessionscope.service._append_c", "src/sessionscope/service/_append.py"),
+        ("sessionscope.service._listing_c", "src/sessionscope/service/_listing.py"),
     ]
     setup(
         ext_modules=cythonize(
             [
-                Extension("sessionscope._core", ["src/sessionscope/_core.pyx"]),
+                Extension("sessionscope._speedups._core", ["src/sessionscope/_speedups/_core.pyx"]),
                 *(Extension(name, [source]) for name, source in HOT_PATH),
             ],
             compiler_directives={"language_level": "3", "embedsignature": True},

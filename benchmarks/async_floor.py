@@ -40,9 +40,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from sessionscope.console import Column, render_table
+from sessionscope.bench.speed import _copy, _median_us, _timed_appends, turn_records
+from sessionscope.cli.console import Column, render_table
 from sessionscope.service import SessionService, SyncSessionService, event_from_record
-from sessionscope.speed import _copy, _median_us, _timed_appends, turn_records
 
 
 def _records(count: int, prefix: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sessionscope.speed import SpeedConfig, _bulk_rate, _listing_figures, _replay_rate
+from sessionscope.bench.speed import SpeedConfig, _bulk_rate, _listing_figures, _replay_rate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from sessionscope import Event, EventActions, SessionService, SyncSessionService
-from sessionscope.bench import lift, tasks_throughput, threads_throughput
+from sessionscope.bench.job import lift, tasks_throughput, threads_throughput
 
 WRITERS = (1, 8, 64)
 PROCESSES = 4

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from sessionscope import _core_py
+from sessionscope._speedups import _core_py
 
 try:
-    from sessionscope import _core
+    from sessionscope._speedups import _core
 except ImportError:  # the pure build: only the twin can be measured
     _core = None  # type: ignore[assignment]
 

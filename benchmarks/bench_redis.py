@@ -48,10 +48,10 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
-from sessionscope.replay import open_target, replay
+from sessionscope.bench.replay import open_target, replay
+from sessionscope.bench.trace import TraceSpec, generate
 from sessionscope.stores.base import AppendBatch
 from sessionscope.stores.redis import RedisStore
-from sessionscope.trace import TraceSpec, generate
 
 APP, USER = "bench", "user"
 LENGTHS = (10, 100, 1000)

@@ -35,15 +35,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sessionscope.bench import (
+from sessionscope.bench.job import (
     adk_available,
     length_sweep,
     tasks_throughput,
     threads_throughput,
 )
-from sessionscope.console import Column, render_table
-from sessionscope.replay import open_target
-from sessionscope.speed import SpeedConfig, measure, rows
+from sessionscope.bench.replay import open_target
+from sessionscope.bench.speed import SpeedConfig, measure, rows
+from sessionscope.cli.console import Column, render_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ import lmdb
 import pytest
 
 from sessionscope import codec
-from sessionscope.replay import Target, open_target
+from sessionscope.bench.replay import Target, open_target
 from sessionscope.service import SyncSessionService
 
 TEXT = "Here is what I found about your order and the delivery window. " * 12

@@ -23,7 +23,7 @@ from pathlib import Path
 _CHILD = """
 import sys
 from sessionscope import SyncSessionService
-from sessionscope.speed import turn_records
+from sessionscope.bench.speed import turn_records
 from sessionscope.service import event_from_record
 
 count, warm = int(sys.argv[2]), 50

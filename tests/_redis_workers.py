@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import sessionscope.stores.redis as redis_store
+import sessionscope.stores.redis.store as redis_store
 from sessionscope import Event, EventActions, SyncSessionService
 from sessionscope.errors import StaleSessionError
 

@@ -21,16 +21,16 @@ def _pure_build_requested() -> bool:
 def core_impl(request: pytest.FixtureRequest) -> ModuleType:
     """Yield the compiled scope core, then its pure-Python twin."""
     if request.param == "py":
-        return importlib.import_module("sessionscope._core_py")
+        return importlib.import_module("sessionscope._speedups._core_py")
     try:
-        return importlib.import_module("sessionscope._core")
+        return importlib.import_module("sessionscope._speedups._core")
     except ImportError as exc:
         # A missing compiled core is only expected when the pure build was
         # asked for; otherwise the twin would silently be tested twice.
         if _pure_build_requested():
             pytest.skip(f"compiled core not built (SESSIONSCOPE_NO_EXTENSIONS is set): {exc}")
         pytest.fail(
-            f"compiled core sessionscope._core is not importable ({exc}); build it, "
+            f"compiled core sessionscope._speedups._core is not importable ({exc}); build it, "
             "or set SESSIONSCOPE_NO_EXTENSIONS=1 to test the pure-Python twin only"
         )
 

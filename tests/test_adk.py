@@ -28,8 +28,9 @@ from google.adk.sessions.base_session_service import (
 from google.genai import types
 
 from _adk_helpers import APP, realistic_event, rich_event
-from sessionscope import _adk_codec, codec, errors
+from sessionscope import codec, errors
 from sessionscope.adk import LmdbSessionService, MemorySessionService, RedisSessionService
+from sessionscope.adk import codec as _adk_codec
 from sessionscope.stores import LmdbStore
 
 pytestmark = pytest.mark.adk

@@ -6,8 +6,8 @@ import pytest
 
 import _stores
 from sessionscope import Event, EventActions, SyncSessionService
-from sessionscope._append import encode_event
 from sessionscope.errors import DuplicateEventError, SessionNotFoundError, StateValueError
+from sessionscope.service._append import encode_event
 from sessionscope.stores.base import AppendBatch, AppendRequest, BatchResult, Items
 
 svc = _stores.svc

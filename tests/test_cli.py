@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sessionscope.replay import open_target, replay
-from sessionscope.trace import FORMAT, Expectation, load_trace, sample_trace_path
+from sessionscope.bench.replay import open_target, replay
+from sessionscope.bench.trace import FORMAT, Expectation, load_trace, sample_trace_path
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,8 @@ import pytest
 
 from _stores import child_env
 from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
-from sessionscope.dump import export_dump
-from sessionscope.outfile import OutputPathError
+from sessionscope.admin.dump import export_dump
+from sessionscope.admin.outfile import OutputPathError
 
 CHILDREN = Path(__file__).with_name("_cli_children.py")
 

@@ -151,7 +151,8 @@ def test_event_pages_read_every_stored_event_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, kind: str
 ) -> None:
     """Pages of 3 over a session with gaps (a truncation by time) give what one read gives."""
-    from sessionscope import Event, SyncSessionService, open_store, ops
+    from sessionscope import Event, SyncSessionService, open_store
+    from sessionscope.admin import ops
 
     monkeypatch.setattr(ops, "EVENT_PAGE", 3)
     if kind.startswith("redis"):

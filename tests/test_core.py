@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sessionscope._core_py import Scope
+from sessionscope._speedups._core_py import Scope
 from sessionscope.errors import StateValueError
 
 

@@ -41,10 +41,10 @@ EXPORTED = [
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
 # A pure install has no compiled module at all; a compiled one is tested
 # even when this process runs on the twin.
-COMPILED_BUILT = importlib.util.find_spec("sessionscope._core") is not None
+COMPILED_BUILT = importlib.util.find_spec("sessionscope._speedups._core") is not None
 
 # Hides the compiled core from the child, as if it had not been built.
-HIDE_COMPILED = "import sys; sys.modules['sessionscope._core'] = None; "
+HIDE_COMPILED = "import sys; sys.modules['sessionscope._speedups._core'] = None; "
 FAKE_PYPY = "import platform; platform.python_implementation = lambda: 'PyPy'; "
 
 
@@ -72,7 +72,9 @@ def test_dispatcher_exports() -> None:
     assert sorted(sessionscope.core.__all__) == sorted([*EXPORTED, *picking])
     assert sessionscope.core.IMPLEMENTATION in ("c", "py")
     impl = importlib.import_module(
-        "sessionscope._core" if sessionscope.core.IMPLEMENTATION == "c" else "sessionscope._core_py"
+        "sessionscope._speedups._core"
+        if sessionscope.core.IMPLEMENTATION == "c"
+        else "sessionscope._speedups._core_py"
     )
     for name in EXPORTED:
         assert getattr(sessionscope.core, name) is getattr(impl, name)
@@ -113,4 +115,4 @@ def test_missing_compiled_core_is_an_error_when_required() -> None:
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "SESSIONSCOPE_REQUIRE_EXTENSIONS is set" in result.stderr
-    assert "sessionscope._core" in result.stderr
+    assert "sessionscope._speedups._core" in result.stderr

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionscope import _core_py, codec
+from sessionscope import codec
+from sessionscope._speedups import _core_py
 
 try:
-    _compiled: ModuleType | None = importlib.import_module("sessionscope._core")
+    _compiled: ModuleType | None = importlib.import_module("sessionscope._speedups._core")
 except ImportError:
     # Same rule as the core_impl fixture: a missing compiled core is an error
     # unless the pure build was asked for.
@@ -301,7 +302,7 @@ def events(draw: st.DrawFn) -> Any:
 
 
 def _pack_event(core: ModuleType, event: Any) -> bytes | None:
-    from sessionscope import _append
+    from sessionscope.service import _append
 
     packed: bytes | None = core.pack_event(
         event, _append._EVENT_FIELDS, _append._ACTION_FIELDS, b"\x01"
@@ -314,7 +315,7 @@ def _pack_event(core: ModuleType, event: Any) -> bytes | None:
 @given(events())
 def test_pack_event_agrees_and_packs_the_checked_record(event: Any) -> None:
     """Both builds decline the same events, and pack the others to their checked record's bytes."""
-    from sessionscope import _append
+    from sessionscope.service import _append
 
     assert _compiled is not None
     expected = _outcome(_pack_event, _core_py, event)
@@ -444,7 +445,7 @@ def test_timed_record_agrees_and_puts_the_time_first(timestamp: Any, record: Any
 )
 def test_sized_key_agrees_and_is_the_stores_key_part(prefix: bytes, text: str, limit: int) -> None:
     """Both builds give the prefix and the store's key part of short text, None past the limit."""
-    from sessionscope.stores._lmdb_append import unique_part
+    from sessionscope.stores.lmdb._append import unique_part
 
     kind, key = _agree("sized_key", prefix, text, limit)
     if type(text) is not str:

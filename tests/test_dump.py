@@ -13,7 +13,14 @@ import pytest
 import _stores
 from _stores import STORE_KINDS, StoreFactory, ev
 from sessionscope import LmdbStore, SyncSessionService, codec
-from sessionscope.dump import DUMP_FORMAT, MAGIC, DumpCounts, export_dump, import_dump, read_copy
+from sessionscope.admin.dump import (
+    DUMP_FORMAT,
+    MAGIC,
+    DumpCounts,
+    export_dump,
+    import_dump,
+    read_copy,
+)
 from sessionscope.errors import DumpError, SessionscopeError
 
 store_factory = _stores.store_factory

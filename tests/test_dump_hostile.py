@@ -22,8 +22,7 @@ import pytest
 
 from _stores import child_env
 from sessionscope import LmdbStore, MemoryStore, SyncSessionService
-from sessionscope.codec import pack, pack_event
-from sessionscope.dump import (
+from sessionscope.admin.dump import (
     DUMP_FORMAT,
     MAGIC,
     MAX_RECORD_BYTES,
@@ -33,6 +32,7 @@ from sessionscope.dump import (
     export_dump,
     import_dump,
 )
+from sessionscope.codec import pack, pack_event
 from sessionscope.errors import DumpError
 from sessionscope.stores.lmdb import path_uri
 
@@ -232,7 +232,7 @@ _MEASURE = textwrap.dedent(
     """
     import json, sys
     from sessionscope import MemoryStore
-    from sessionscope.dump import import_dump
+    from sessionscope.admin.dump import import_dump
     from sessionscope.errors import DumpError
     try:
         import_dump(MemoryStore(), sys.argv[1])

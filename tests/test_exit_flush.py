@@ -21,7 +21,7 @@ import pytest
 
 from _stores import APP, USER, child_env
 from sessionscope import LmdbStore, SyncSessionService
-from sessionscope.stores import lmdb as lmdb_store
+from sessionscope.stores.lmdb import store as lmdb_store
 
 EVENTS = 5
 SYNCED = "synced the deferred store at"

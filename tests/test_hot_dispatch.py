@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 import sessionscope.core
-import sessionscope.service
-import sessionscope.stores.lmdb
+import sessionscope.service.facade
+import sessionscope.stores.lmdb.store
 from _children import python_output, run_python
 
 # Every module compiled from annotated Python, by source name.
 # The order is the order the child below prints what each of them runs.
 HOT_PATH = [
-    "sessionscope._append",
-    "sessionscope.stores._lmdb_append",
-    "sessionscope._listing",
-    "sessionscope.stores._lmdb_locks",
+    "sessionscope.service._append",
+    "sessionscope.stores.lmdb._append",
+    "sessionscope.service._listing",
+    "sessionscope.stores.lmdb._locks",
 ]
 
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
@@ -31,7 +31,8 @@ HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT
 
 # What the child prints: the build each module of the hot path runs.
 SHOW = (
-    "import sessionscope.service as s, sessionscope.stores.lmdb as l, sessionscope.core as c; "
+    "import sessionscope.service.facade as s, sessionscope.stores.lmdb.store as l, "
+    "sessionscope.core as c; "
     "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, l._locks.__name__, "
     "*sorted(c.IMPLEMENTATIONS.items()))"
 )
@@ -56,10 +57,10 @@ def test_this_process_runs_what_it_says() -> None:
     expected = "py" if PURE_BUILD else "c"
     assert dict.fromkeys(HOT_PATH, expected) == sessionscope.core.IMPLEMENTATIONS
     suffix = "_c" if expected == "c" else ""
-    assert sessionscope.service._hot.__name__ == HOT_PATH[0] + suffix
-    assert sessionscope.stores.lmdb._hot.__name__ == HOT_PATH[1] + suffix
-    assert sessionscope.service._listing.__name__ == HOT_PATH[2] + suffix
-    assert sessionscope.stores.lmdb._locks.__name__ == HOT_PATH[3] + suffix
+    assert sessionscope.service.facade._hot.__name__ == HOT_PATH[0] + suffix
+    assert sessionscope.stores.lmdb.store._hot.__name__ == HOT_PATH[1] + suffix
+    assert sessionscope.service.facade._listing.__name__ == HOT_PATH[2] + suffix
+    assert sessionscope.stores.lmdb.store._locks.__name__ == HOT_PATH[3] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:
@@ -107,7 +108,7 @@ def test_the_source_runs_without_cython_installed(tmp_path: Path) -> None:
     # A pure install may lack Cython: the source then takes its stand-ins.
     code = (
         "sys.modules['cython'] = None; "
-        "import sessionscope.stores.lmdb as l, sessionscope.service as s; "
+        "import sessionscope.stores.lmdb.store as l, sessionscope.service as s; "
         f"store = l.LmdbStore({str(tmp_path)!r}, durability='deferred'); "
         "service = s.SyncSessionService(store); "
         "session = service.create_session(app_name='a', user_id='u'); "
@@ -126,7 +127,7 @@ def test_the_source_runs_without_cython_installed(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["sessionscope._no_cython", "{'k':", "1}"]
+    assert result.stdout.split() == ["sessionscope._speedups._no_cython", "{'k':", "1}"]
 
 
 @pytest.mark.skipif(not all(BUILT.values()), reason="a pure install compiles nothing")

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sessionscope.service
-import sessionscope.stores.lmdb
+import sessionscope.service.facade
+import sessionscope.stores.lmdb.store
 from sessionscope.errors import SessionscopeError
 from sessionscope.model import Event, EventActions
 from sessionscope.service import SyncSessionService
@@ -44,8 +44,8 @@ def _builds(name: str) -> tuple[ModuleType, ModuleType | None]:
     return source, compiled
 
 
-SERVICE = _builds("sessionscope._append")
-STORE = _builds("sessionscope.stores._lmdb_append")
+SERVICE = _builds("sessionscope.service._append")
+STORE = _builds("sessionscope.stores.lmdb._append")
 
 pytestmark = pytest.mark.skipif(
     SERVICE[1] is None or STORE[1] is None,
@@ -89,13 +89,13 @@ steps = st.tuples(
 
 @contextmanager
 def _running(service_build: ModuleType, store_build: ModuleType) -> Iterator[None]:
-    saved = sessionscope.service._hot, sessionscope.stores.lmdb._hot
-    sessionscope.service._hot = service_build  # type: ignore[assignment]
-    sessionscope.stores.lmdb._hot = store_build  # type: ignore[assignment]
+    saved = sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot
+    sessionscope.service.facade._hot = service_build  # type: ignore[assignment]
+    sessionscope.stores.lmdb.store._hot = store_build  # type: ignore[assignment]
     try:
         yield
     finally:
-        sessionscope.service._hot, sessionscope.stores.lmdb._hot = saved
+        sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot = saved
 
 
 def _dump(store: LmdbStore) -> dict[bytes, list[tuple[bytes, bytes]]]:
@@ -231,8 +231,9 @@ route_values = st.one_of(
 @given(delta=st.dictionaries(st.one_of(keys, st.sampled_from([1, "é:k"])), route_values))
 def test_a_routed_delta_packs_as_the_checked_partition(delta: dict[Any, Any]) -> None:
     """The plain route gives the checked partition's items and temp map, or leaves it the delta."""
-    from sessionscope import _append, codec
+    from sessionscope import codec
     from sessionscope.core import partition_checked
+    from sessionscope.service import _append
 
     routed = _append._route_plain(delta)
     checked = _outcome(partition_checked, delta)

@@ -22,7 +22,7 @@ import pytest
 
 from _stores import child_env
 from sessionscope import Event, LmdbStore, SyncSessionService
-from sessionscope.dump import export_dump
+from sessionscope.admin.dump import export_dump
 from sessionscope.stores.lmdb import path_uri
 
 # The second process: open the store, write a session durably, say so, then

@@ -16,7 +16,7 @@ from _stores import APP, USER, ev, snapshot_dir
 from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService, open_store
 from sessionscope.codec import pack
 from sessionscope.errors import CorruptStoreError, StoreError, UnsafeStoreError
-from sessionscope.stores import lmdb as lmdb_module
+from sessionscope.stores.lmdb import store as lmdb_module
 
 
 def _filled_store(path: Path, events: int = 50, durability: str = "sync") -> str:

@@ -33,7 +33,7 @@ from _adk_helpers import realistic_event, rich_event
 from _stores import StoreFactory
 from sessionscope import LmdbStore
 from sessionscope.adk import _AdkService
-from sessionscope.migrate import MigrationReport, migrate_from_adk
+from sessionscope.adk.migrate import MigrationReport, migrate_from_adk
 
 store_factory = _stores.store_factory
 
@@ -342,7 +342,7 @@ _CHILD = """
 import sys
 import time
 from sessionscope import LmdbStore
-from sessionscope.migrate import migrate_from_adk
+from sessionscope.adk.migrate import migrate_from_adk
 
 def say(records):
     print(records, flush=True)

@@ -235,7 +235,7 @@ def test_a_map_grown_by_another_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    sessionscope.core.IMPLEMENTATIONS.get("sessionscope.stores._lmdb_locks") != "c",
+    sessionscope.core.IMPLEMENTATIONS.get("sessionscope.stores.lmdb._locks") != "c",
     reason="only the compiled locks are interrupt-exact: Python code, the twin's "
     "included, may run a signal handler between any two of its bytecodes",
 )

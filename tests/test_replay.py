@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sessionscope import Event, EventActions
-from sessionscope.replay import (
+from sessionscope.bench.replay import (
     LatencyStats,
     NativeTarget,
     ReplayResult,
@@ -21,7 +21,7 @@ from sessionscope.replay import (
     replay,
     verify,
 )
-from sessionscope.trace import Expectation, TraceSpec, generate, load_trace, sample_trace_path
+from sessionscope.bench.trace import Expectation, TraceSpec, generate, load_trace, sample_trace_path
 
 Record = dict[str, Any]
 

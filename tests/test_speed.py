@@ -6,7 +6,7 @@ from pathlib import Path
 
 import lmdb
 
-from sessionscope.speed import Figure, append_shapes, turn_records
+from sessionscope.bench.speed import Figure, append_shapes, turn_records
 
 
 def test_turn_records_touch_every_scope_and_cycle_kinds() -> None:

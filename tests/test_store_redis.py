@@ -21,17 +21,17 @@ import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
 from sessionscope import Event, GetSessionConfig, Session, SessionService, SyncSessionService
+from sessionscope.bench.replay import NativeTarget, replay
+from sessionscope.bench.trace import TraceSpec, generate
 from sessionscope.errors import (
     DuplicateEventError,
     IncompatibleStoreError,
     SessionNotFoundError,
     StoreError,
 )
-from sessionscope.replay import NativeTarget, replay
 from sessionscope.stores import open_store
 from sessionscope.stores.base import AppendBatch, AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
-from sessionscope.trace import TraceSpec, generate
 
 
 @pytest.fixture(params=_stores.REDIS_KINDS)
@@ -1059,7 +1059,7 @@ def test_replay_of_the_sample_trace_verifies_on_redis(uri: str) -> None:
 
 def test_bench_replays_on_given_stores_under_its_own_prefixes(server: Any, tmp_path: Path) -> None:
     """bench --store adds the store (plain and bulk), each under a fresh prefix, dropped after."""
-    from sessionscope import bench
+    from sessionscope.bench import job as bench
 
     targets = bench._targets(tmp_path, False, {}, (server.url,))
     scoped = [uri for uri, _ in targets if uri.startswith(server.url)]

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from sessionscope import SyncSessionService
-from sessionscope.replay import NativeTarget, replay
-from sessionscope.stores import MemoryStore
-from sessionscope.trace import (
+from sessionscope.bench.replay import NativeTarget, replay
+from sessionscope.bench.trace import (
     FORMAT,
     VERSION,
     Expectation,
@@ -27,6 +26,7 @@ from sessionscope.trace import (
     sample_trace_path,
     write_trace,
 )
+from sessionscope.stores import MemoryStore
 
 SMALL = TraceSpec(sessions=12, users_per_app=4, turns=(2, 4), seed=5)
 

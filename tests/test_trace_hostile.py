@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _stores import child_env
-from sessionscope.replay import NativeTarget, replay
-from sessionscope.trace import FORMAT, MAX_LINE_CHARS, VERSION, TraceError, load_trace
+from sessionscope.bench.replay import NativeTarget, replay
+from sessionscope.bench.trace import FORMAT, MAX_LINE_CHARS, VERSION, TraceError, load_trace
 
 HEADER = json.dumps({"format": FORMAT, "version": VERSION})
 CREATE = {"op": "create", "app": "a", "user": "u", "session": "s", "state": {"k": 1}}
@@ -97,7 +97,7 @@ def test_replay_checks_the_records_it_is_given() -> None:
 
 _MEASURE = """
 import json, sys
-from sessionscope.trace import TraceError, load_trace
+from sessionscope.bench.trace import TraceError, load_trace
 try:
     load_trace(sys.argv[1])
     outcome = "loaded"

@@ -6,6 +6,7 @@ An append-only log of events per session plus state scoped by key prefix
 
 from __future__ import annotations
 
+from .admin.dump import DumpCounts, export_dump, import_dump
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, Scope, scope_of
 from .dump import DumpCounts, export_dump, import_dump
 from .errors import (

@@ -2,7 +2,7 @@
 
 The implementation is picked once, at import. ``SESSIONSCOPE_NO_EXTENSIONS``
 set to anything but ``""`` or ``"0"`` selects the pure-Python twin, as does any
-interpreter other than CPython. Otherwise the compiled ``sessionscope._core``
+interpreter other than CPython. Otherwise the compiled ``sessionscope._speedups._core``
 is used, falling back to the twin when it is not built, unless
 ``SESSIONSCOPE_REQUIRE_EXTENSIONS`` is set, which makes a missing compiled core
 an ImportError (so a CI job meant to test the compiled core cannot silently
@@ -91,15 +91,15 @@ def compiled_or_twin(name: str) -> ModuleType:
 
 def _load() -> ModuleType:
     if NO_EXTENSIONS:
-        from sessionscope import _core_py
+        from sessionscope._speedups import _core_py
 
         return _core_py
     try:
-        from sessionscope import _core
+        from sessionscope._speedups import _core
     except ImportError as exc:
         if REQUIRE_EXTENSIONS:
-            raise _required_error("sessionscope._core", exc) from exc
-        from sessionscope import _core_py
+            raise _required_error("sessionscope._speedups._core", exc) from exc
+        from sessionscope._speedups import _core_py
 
         return _core_py
     return _core
@@ -107,11 +107,13 @@ def _load() -> ModuleType:
 
 if TYPE_CHECKING:
     # The twin is the type source; the compiled core has the same signatures.
-    from sessionscope import _core_py as _impl
+    from sessionscope._speedups import _core_py as _impl
 else:
     _impl = _load()
 
-IMPLEMENTATION: Literal["c", "py"] = "c" if _impl.__name__ == "sessionscope._core" else "py"
+IMPLEMENTATION: Literal["c", "py"] = (
+    "c" if _impl.__name__ == "sessionscope._speedups._core" else "py"
+)
 
 APP_PREFIX = _impl.APP_PREFIX
 USER_PREFIX = _impl.USER_PREFIX

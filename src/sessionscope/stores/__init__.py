@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from ..errors import StoreNotFoundError
 from .base import Completion, Store
-from .lmdb import LmdbStore
+from .lmdb.store import LmdbStore
 from .memory import MemoryStore
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store", "redact"]
@@ -116,7 +116,7 @@ _REDIS_OPTIONS: dict[str, Any] = {
 def _open_redis(uri: str, scheme: str, create: bool, options: dict[str, Any]) -> Store:
     """Open a RedisStore; the redis extra is imported only here."""
     try:
-        from .redis import RedisStore
+        from .redis.store import RedisStore
     except ImportError as error:
         raise ValueError(
             f"{scheme}:// needs the redis extra: pip install 'sessionscope[redis]' ({error})"

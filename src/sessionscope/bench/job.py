@@ -32,9 +32,12 @@ from typing import IO, Any
 
 import lmdb
 
-from . import codec, speed
-from .core import IMPLEMENTATION
-from .model import Event, EventActions
+from .. import codec
+from ..core import IMPLEMENTATION
+from ..model import Event, EventActions
+from ..service.facade import SessionService, SyncSessionService, event_to_record
+from ..stores import open_store
+from . import speed
 from .replay import (
     ADK_SCHEMES,
     LatencyStats,
@@ -44,8 +47,6 @@ from .replay import (
     open_target,
     replay,
 )
-from .service import SessionService, SyncSessionService, event_to_record
-from .stores import open_store
 from .trace import TraceSpec, generate
 
 __all__ = ["BenchConfig", "BenchReport", "concurrency_sweep", "length_sweep", "raw_lmdb", "run"]
@@ -65,7 +66,7 @@ class BenchConfig:
     batch: int = 256
     peers: bool = True
     charts: bool = True
-    # The speed targets, each against its peer (speed.py); None skips them.
+    # The speed targets, each against its peer (bench/speed.py); None skips them.
     targets: speed.SpeedConfig | None = field(default_factory=speed.SpeedConfig)
     # More stores to replay on (e.g. redis://host:port/0), each under a fresh prefix.
     stores: tuple[str, ...] = ()
@@ -115,7 +116,7 @@ class BenchReport:
 
     def format(self) -> str:
         """Return the tables: medians per target and ratios to the durable default."""
-        from .console import Column, render_table
+        from ..cli.console import Column, render_table
 
         base = self.results[0] if self.results else None
 

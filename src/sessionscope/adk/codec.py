@@ -31,8 +31,8 @@ from typing import Any
 from google.adk.events import Event
 from pydantic_core import PydanticUndefined, SchemaValidator
 
-from . import codec
-from .errors import IncompatibleStoreError
+from .. import codec
+from ..errors import IncompatibleStoreError
 
 __all__ = ["decode_events", "encode_event", "event_from_record", "validator_kind"]
 

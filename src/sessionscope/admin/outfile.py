@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import SessionscopeError
+from ..errors import SessionscopeError
 
 __all__ = [
     "OutputPathError",

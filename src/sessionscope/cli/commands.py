@@ -20,15 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError
-from .console import Column, RichProgressBar, interactive, render_table
-from .errors import (
-    CorruptStoreError,
-    IncompatibleStoreError,
-    SessionscopeError,
-    UnsafeStoreError,
-)
-from .ops import (
+from ..admin.ops import (
     VERIFY_HINT,
     MissingStoreError,
     backup,
@@ -46,10 +38,18 @@ from .ops import (
     session_records,
     store_stats,
 )
-from .outfile import check_output
-from .stores import LmdbStore, Store, open_store
-from .stores.base import LoadedSession
-from .stores.lmdb import FORMAT_VERSION
+from ..admin.outfile import check_output
+from ..errors import (
+    CorruptStoreError,
+    IncompatibleStoreError,
+    SessionscopeError,
+    UnsafeStoreError,
+)
+from ..stores import LmdbStore, Store, open_store
+from ..stores.base import LoadedSession
+from ..stores.lmdb.store import FORMAT_VERSION
+from . import UsageError
+from .console import Column, RichProgressBar, interactive, render_table
 
 __all__ = ["HANDLERS"]
 
@@ -77,7 +77,7 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
 
 def _check_filters(args: argparse.Namespace) -> None:
     """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
-    from .service import check_id
+    from ..service.facade import check_id
 
     for option, name in (("app", "app_name"), ("user", "user_id")):
         value = getattr(args, option, None)
@@ -235,7 +235,7 @@ def _totals(store: Store, app: str, user: str | None) -> dict[str, Any]:
 
 def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
     """Return the session's (app, user, session) ids checked and stripped as a service does."""
-    from .service import check_id, check_session_id
+    from ..service.facade import check_id, check_session_id
 
     try:
         return (
@@ -248,7 +248,7 @@ def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def _missing_session(args: argparse.Namespace) -> SessionscopeError:
-    from .errors import SessionNotFoundError
+    from ..errors import SessionNotFoundError
 
     return SessionNotFoundError(
         f"no session {args.session!r} of user {args.user!r} in app {args.app!r}"
@@ -636,14 +636,14 @@ def export_command(args: argparse.Namespace) -> int:
     if args.format == "trace":
         if args.app is None:
             raise UsageError("--format trace needs --app: a trace holds one app")
-        from .trace import export_trace
+        from ..bench.trace import export_trace
 
         with opened(args.uri) as store:
             count = export_trace(store, args.app, out, user_id=args.user)
         document = {"format": "trace", "out": str(out), "calls": count}
         _emit(args, document, lambda: f"wrote {count:,} calls to {out}")
         return 0
-    from .dump import export_dump
+    from ..admin.dump import export_dump
 
     with opened(args.uri) as store, _progress(args, None, "export") as bar:
         counts = export_dump(
@@ -661,7 +661,7 @@ def import_command(args: argparse.Namespace) -> int:
     the import fail after that, only the files this command created go, and
     only while no other process has the store open nor wrote to it.
     """
-    from .dump import check_dump, holds_only_dump, import_dump
+    from ..admin.dump import check_dump, holds_only_dump, import_dump
 
     source = Path(args.source)
     if not source.is_file():
@@ -730,7 +730,7 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
     """
     import lmdb
 
-    from .stores.lmdb import _sole_user
+    from ..stores.lmdb.store import _sole_user
 
     if last_write is None or not (path / "data.mdb").is_file():
         # Nothing of a store was made (or it cannot be told whose it is).
@@ -758,7 +758,7 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
 
 def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
-    from .migrate import migrate_from_adk, open_adk_service
+    from ..adk.migrate import migrate_from_adk, open_adk_service
 
     _check_filters(args)
     try:

@@ -42,13 +42,11 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from .codec import decode_event, pack, unpack
-from .core import TEMP_PREFIX, Scope, check_storable, scope_of
-from .errors import DumpError
-from .ops import SessionChangedError, event_pages, session_records
-from .outfile import output_file
-from .service import check_id, check_session_id
-from .stores.base import (
+from ..codec import decode_event, pack, unpack
+from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
+from ..errors import DumpError
+from ..service.facade import check_id, check_session_id
+from ..stores.base import (
     EventCopy,
     SessionCopy,
     SessionRecord,
@@ -58,6 +56,8 @@ from .stores.base import (
     event_copy,
     finite_float,
 )
+from .ops import SessionChangedError, event_pages, session_records
+from .outfile import output_file
 
 __all__ = [
     "DUMP_FORMAT",

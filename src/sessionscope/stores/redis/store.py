@@ -1,6 +1,6 @@
 """A shared store on Redis 7 or a Redis Cluster, for agents that run on several machines.
 
-Every append is one ``FCALL`` of a server-side function (``redis_functions.lua``)
+Every append is one ``FCALL`` of a server-side function (``functions.lua``)
 that checks and writes atomically; reads of the last n events read n. Each
 operation is described once, as a *plan*: a generator that yields the
 commands of one round trip (several are pipelined) and receives their
@@ -59,8 +59,8 @@ import redis.cluster
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ..codec import decode_values, pack, unpack
-from ..errors import (
+from ...codec import decode_values, pack, unpack
+from ...errors import (
     AlreadyExistsError,
     CorruptStoreError,
     IncompatibleStoreError,
@@ -70,8 +70,8 @@ from ..errors import (
     StoreNotFoundError,
     UnsafeStoreError,
 )
-from . import redact
-from .base import (
+from .. import redact
+from ..base import (
     BATCH_EVENTS,
     BATCH_SESSIONS,
     AppendBatch,
@@ -129,7 +129,7 @@ _FN = LIBRARY + "_"
 _FN_APPEND = _FN + "append"
 _HAS_MARKER, _HAS_LAST_ID, _LOCKED, _CATCH_UP = 1, 2, 4, 8
 # Flags saying which optional parts of a request's arguments follow (see
-# redis_functions.lua); item counts under _COUNT_LIMIT ride in the flags,
+# functions.lua); item counts under _COUNT_LIMIT ride in the flags,
 # from _COUNTED up, sparing two arguments.
 _CALLER, _ITEMS, _APP, _COUNTED = 16, 32, 64, 128
 _COUNT_LIMIT = 65536
@@ -141,7 +141,7 @@ _CHUNK = 1000
 # loaded the function library that had gone, before the batch gives up.
 _RELOADS = 5
 _U32 = struct.Struct(">I")
-# An event time in a session's time string (see redis_functions.lua).
+# An event time in a session's time string (see functions.lua).
 _DOUBLE = struct.Struct(">d")
 # Called, when set, after an app delta is recorded and before it is applied
 # (cluster): tests stop a process there to check that another finishes it.
@@ -164,7 +164,7 @@ Run: TypeAlias = "list[AppendRequest] | _Span | BatchRead"
 
 @lru_cache(maxsize=1)
 def _library_code() -> str:
-    return resources.files(__package__).joinpath("redis_functions.lua").read_text()
+    return resources.files(__package__).joinpath("functions.lua").read_text()
 
 
 def _number_text(value: float) -> str:
@@ -267,7 +267,7 @@ def _pack_items(items: Items) -> bytes:
 
 
 def _request_args(request: AppendRequest, args: list[Any]) -> None:
-    """Add the FCALL arguments of one append request to ``args`` (see redis_functions.lua).
+    """Add the FCALL arguments of one append request to ``args`` (see functions.lua).
 
     Event id, time, event and flags always; the caller's copy (marker, time,
     last event id) only where a check or a catch-up reads it, and the state
@@ -525,7 +525,7 @@ class _Operations:
         num_recent_events: int | None,
         after_timestamp: float | None,
     ) -> Command:
-        """Return the FCALL_RO reading a session (see ``load`` in redis_functions.lua)."""
+        """Return the FCALL_RO reading a session (see ``load`` in functions.lua)."""
         rec, events, _, times, state, positions, _ = self.keys.session(
             app_name, user_id, session_id
         )
@@ -688,7 +688,7 @@ class _Operations:
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, sessions recur
     def _append_keys(self, app_name: str, user_id: str, session_id: str) -> tuple[bytes, ...]:
-        """Return the append function's keys of one session's run (see redis_functions.lua)."""
+        """Return the append function's keys of one session's run (see functions.lua)."""
         return (
             *self.keys.session(app_name, user_id, session_id),
             *self.keys.user(app_name, user_id),

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .codec import decode_event, pack
-from .errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
+from ..codec import decode_event, pack
+from ..errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
+from ..stores import LmdbStore, Store, open_store, redact
+from ..stores.base import ListPosition, SessionRecord, list_position
+from ..stores.lmdb.store import path_uri
 from .outfile import make_directory
-from .stores import LmdbStore, Store, open_store, redact
-from .stores.base import ListPosition, SessionRecord, list_position
-from .stores.lmdb import path_uri
 
 __all__ = [
     "CheckReport",
@@ -111,7 +111,7 @@ def session_page(
     The page is the service's listing page (least recently active first);
     a session's size is its events' and its own state's stored bytes.
     """
-    from .service import check_page, cursor_position, page_of
+    from ..service.facade import check_page, cursor_position, page_of
 
     check_page(limit, cursor)
     records, more = store.list_page(app_name, user_id, limit, cursor_position(cursor))

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from .codec import pack
-from .errors import AlreadyExistsError, SessionscopeError
-from .stores.base import SessionCopy, Store
+from ..codec import pack
+from ..errors import AlreadyExistsError, SessionscopeError
+from ..stores.base import SessionCopy, Store
 
 if TYPE_CHECKING:
     from google.adk.sessions import BaseSessionService, Session
@@ -137,7 +137,7 @@ async def _migrate(
     only_app: str | None,
     progress: Callable[[int], None] | None,
 ) -> MigrationReport:
-    from .adk import AdkModel, _AdkService
+    from . import AdkModel, _AdkService
 
     source = open_adk_service(source_url)
     target = _AdkService(store)
@@ -251,7 +251,7 @@ def _copy_of(
     session: Session, model: Any
 ) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], SessionCopy]:
     """Split an ADK session into its app items, user items and a session copy."""
-    from .stores.base import EventCopy
+    from ..stores.base import EventCopy
 
     app: dict[str, Any] = {}
     user: dict[str, Any] = {}
@@ -281,7 +281,7 @@ def _copy_of(
 
 
 def _packed(values: dict[str, Any]) -> list[tuple[str, bytes]]:
-    from .core import check_storable
+    from ..core import check_storable
 
     items = []
     for key, value in values.items():

@@ -35,12 +35,12 @@ try:
 except ImportError:  # ADK before the stale-session check
     _AdkStaleSessionError = ValueError  # type: ignore[assignment,misc]
 
-from . import errors
-from ._adk_codec import decode_events, encode_event
+from .. import errors
+from ..service.facade import AsyncSessions, FieldModel, ServiceCore
+from ..stores import LmdbStore, MemoryStore, Store, open_store
+from ..stores.base import SessionRecord
+from .codec import decode_events, encode_event
 from .migrate import MigrationReport, migrate_from_adk
-from .service import AsyncSessions, FieldModel, ServiceCore
-from .stores import LmdbStore, MemoryStore, Store, open_store
-from .stores.base import SessionRecord
 
 __all__ = [
     "AdkModel",
@@ -296,10 +296,3 @@ def main() -> None:
     from google.adk.cli.cli_tools_click import main as adk_main
 
     adk_main()
-
-
-if __name__ == "__main__":
-    # Run the imported module's main, so the registry holds that module's classes.
-    from sessionscope.adk import main as _main
-
-    _main()

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
-from . import codec
-from .core import TEMP_PREFIX, apply_delta, compiled_or_twin, merge_scopes, partition_checked
-from .errors import SessionscopeError
-from .model import (
+from .. import codec
+from ..core import TEMP_PREFIX, apply_delta, compiled_or_twin, merge_scopes, partition_checked
+from ..errors import SessionscopeError
+from ..model import (
     Event,
     EventActions,
     GetSessionConfig,
@@ -32,8 +32,8 @@ from .model import (
     new_event_id,
     new_session_id,
 )
-from .stores import Store, open_store
-from .stores.base import (
+from ..stores import Store, open_store
+from ..stores.base import (
     AppendBatch,
     AppendResult,
     BatchResult,
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from . import _append as _hot
     from . import _listing
 else:
-    _hot = compiled_or_twin("sessionscope._append")
-    _listing = compiled_or_twin("sessionscope._listing")
+    _hot = compiled_or_twin("sessionscope.service._append")
+    _listing = compiled_or_twin("sessionscope.service._listing")
 
 # Every append runs these: they live with the compiled append steps.
 MAX_ID_BYTES = _hot.MAX_ID_BYTES
@@ -489,7 +489,7 @@ def _decode_cursor(cursor: object) -> tuple[float, str, str]:
 
 def _resolve_store(store: Store | str | None) -> Store:
     if store is None:
-        from .stores.memory import MemoryStore
+        from ..stores.memory import MemoryStore
 
         return MemoryStore()
     if isinstance(store, str):

@@ -1,7 +1,7 @@
 """A listing page's metadata: one ``SessionMeta`` for each session record.
 
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
-compiles this file a second time as ``sessionscope._listing_c``, and this
+compiles this file a second time as ``sessionscope.service._listing_c``, and this
 module stays importable as it is, the twin that runs where nothing was
 compiled (``sessionscope.core.compiled_or_twin`` picks one).
 
@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .model import SessionMeta
+from ..model import SessionMeta
 
 if TYPE_CHECKING:
-    from . import _no_cython as cython
-    from .stores.base import SessionRecord
+    from .._speedups import _no_cython as cython
+    from ..stores.base import SessionRecord
 else:
     try:
         import cython
     except ImportError:  # a pure install runs without Cython
-        from . import _no_cython as cython
+        from .._speedups import _no_cython as cython
 
 if TYPE_CHECKING:
     _set_field = object.__setattr__

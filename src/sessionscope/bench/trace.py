@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
-from .model import GetSessionConfig
-from .outfile import output_file
-from .service import SyncSessionService, check_id, check_session_id, event_to_record
+from ..admin.outfile import output_file
+from ..core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
+from ..model import GetSessionConfig
+from ..service.facade import SyncSessionService, check_id, check_session_id, event_to_record
 
 __all__ = [
     "FORMAT",
@@ -360,7 +360,7 @@ def load_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def sample_trace_path() -> Path:
     """Return the path of the small sample trace shipped with the package."""
-    return Path(__file__).with_name("data") / "sample_trace.jsonl"
+    return Path(__file__).parents[1] / "data" / "sample_trace.jsonl"
 
 
 # -- what a trace implies ----------------------------------------------------

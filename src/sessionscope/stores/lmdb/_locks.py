@@ -5,7 +5,7 @@ resized with none of them running. ``WriterLock`` is who may write the store
 now, asked without waiting from an event loop.
 
 Compiled (Cython's pure-Python mode, built a second time as
-``_lmdb_locks_c``) so that an interrupt cannot leave either lock held. Python
+``_locks_c``) so that an interrupt cannot leave either lock held. Python
 runs a signal handler between two bytecodes, and a ``KeyboardInterrupt``
 raised just after a lock or count was taken, before the ``with`` or ``try``
 that undoes it has begun, left the gate counted as held for good: the next
@@ -53,12 +53,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .. import _no_cython as cython
+    from ..._speedups import _no_cython as cython
 else:
     try:
         import cython
     except ImportError:  # a pure install runs without Cython
-        from .. import _no_cython as cython
+        from ..._speedups import _no_cython as cython
 
 __all__ = ["Attempt", "Gate", "WriterLock"]
 

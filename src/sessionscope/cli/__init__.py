@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import __version__
-from .errors import SessionscopeError
-from .outfile import OutputPathError
+from .. import __version__
+from ..admin.outfile import OutputPathError
+from ..errors import SessionscopeError
 
 __all__ = ["main"]
 
@@ -323,7 +323,7 @@ def _positive(text: str) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run
+    from ..bench.job import BenchConfig, run
 
     config = BenchConfig.quick(args.sessions) if args.quick else BenchConfig()
     if args.sessions and not args.quick:
@@ -345,8 +345,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .replay import TargetError, open_target, replay
-    from .trace import TraceError, load_trace, sample_trace_path
+    from ..bench.replay import TargetError, open_target, replay
+    from ..bench.trace import TraceError, load_trace, sample_trace_path
 
     path = Path(args.trace)
     if args.trace == "sample" and not path.exists():
@@ -369,7 +369,7 @@ def _replay(args: argparse.Namespace) -> int:
             keep_gc=args.keep_gc,
         )
     except (SessionscopeError, ValueError, TypeError) as error:
-        from .errors import AlreadyExistsError
+        from ..errors import AlreadyExistsError
 
         hint = ""
         if isinstance(error, AlreadyExistsError):
@@ -385,7 +385,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .trace import TraceSpec, generate_trace
+    from ..bench.trace import TraceSpec, generate_trace
 
     default = TraceSpec()
     low, high = args.turns
@@ -458,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(command: str, message: str) -> None:
     """Print one line on stderr: which command failed and why (no password of a URI in it)."""
-    from .stores import redact
+    from ..stores import redact
 
     line = " ".join(redact(message).split())
     print(f"sessionscope {command}: error: {line}", file=sys.stderr)
@@ -472,7 +472,7 @@ def _json_error(args: argparse.Namespace, kind: str, message: str) -> None:
     """
     if getattr(args, "json", None) is not True:  # replay's --json names a file
         return
-    from .stores import redact
+    from ..stores import redact
 
     # A password in a URI never reaches the output.
     text = " ".join(redact(message).split())

@@ -24,10 +24,10 @@ from typing import Any
 
 import lmdb
 
-from .model import Event
-from .service import SessionService, SyncSessionService, event_from_record
-from .stores.base import AppendRequest, AppendResult
-from .stores.lmdb import LmdbStore
+from ..model import Event
+from ..service.facade import SessionService, SyncSessionService, event_from_record
+from ..stores.base import AppendRequest, AppendResult
+from ..stores.lmdb.store import LmdbStore
 
 __all__ = ["Figure", "SpeedConfig", "measure", "turn_records"]
 
@@ -209,7 +209,7 @@ def _adk_rounds(config: SpeedConfig, directory: Path, adk: bool) -> dict[str, li
         from google.adk.events import Event as AdkEvent
         from google.adk.sessions import InMemorySessionService
 
-        from .adk import LmdbSessionService
+        from ..adk import LmdbSessionService
 
         memory = InMemorySessionService()
         theirs = await memory.create_session(app_name="speed", user_id="u")

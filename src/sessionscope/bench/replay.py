@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .console import Column, RichProgressBar, render_table
-from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
-from .errors import DuplicateEventError, StateValueError
-from .model import Event, EventActions, GetSessionConfig, Session
-from .service import SyncSessionService
-from .stores import open_store
+from ..cli.console import Column, RichProgressBar, render_table
+from ..core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
+from ..errors import DuplicateEventError, StateValueError
+from ..model import Event, EventActions, GetSessionConfig, Session
+from ..service.facade import SyncSessionService
+from ..stores import open_store
 from .trace import Expectation, TraceError, check_record, load_trace
 
 if TYPE_CHECKING:
-    from .stores.base import AppendBatch, BatchResult
+    from ..stores.base import AppendBatch, BatchResult
 
 __all__ = [
     "ADK_SCHEMES",

@@ -1,9 +1,9 @@
 """The service's append steps: check and pack an append, then update the live session.
 
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
-compiles this file a second time as ``sessionscope._append_c``, and this
+compiles this file a second time as ``sessionscope.service._append_c``, and this
 module stays importable as it is, the twin that runs where nothing was
-compiled (``sessionscope.core.compiled_or_twin`` picks one). ``service.py``
+compiled (``sessionscope.core.compiled_or_twin`` picks one). ``facade.py``
 holds the rules' home, ``ServiceCore``, which calls these for every append;
 the id and timestamp checks and the native event encoding live here because
 every append runs them.
@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from . import _no_cython as cython
-    from .model import Event
-    from .stores.base import AppendResult, BatchResult
+    from .._speedups import _no_cython as cython
+    from ..model import Event
+    from ..stores.base import AppendResult, BatchResult
 else:
     try:
         import cython
     except ImportError:  # a pure install runs without Cython
-        from . import _no_cython as cython
+        from .._speedups import _no_cython as cython
 
-from . import codec
-from .core import (
+from .. import codec
+from ..core import (
     APP_PREFIX,
     TEMP_PREFIX,
     USER_PREFIX,
@@ -36,8 +36,8 @@ from .core import (
     pack_plain,
     partition_checked,
 )
-from .errors import StateValueError
-from .stores.base import AppendBatch, PreparedAppend
+from ..errors import StateValueError
+from ..stores.base import AppendBatch, PreparedAppend
 
 __all__ = [
     "MAX_ID_BYTES",

@@ -1,6 +1,6 @@
 """Route state keys by scope prefix and validate storable values, in pure Python.
 
-This module is the twin of the compiled ``sessionscope._core``: it is the
+This module is the twin of the compiled ``sessionscope._speedups._core``: it is the
 oracle the tests compare the compiled core against, the fallback where the
 extension is not built, and the source of the types both share (the prefix
 constants and the ``Scope`` enum).

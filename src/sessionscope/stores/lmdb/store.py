@@ -63,9 +63,10 @@ from urllib.parse import quote
 
 import lmdb
 
-from ..codec import decode_event, decode_stored, pack, unpack
-from ..core import compiled_or_twin
-from ..errors import (
+from ...admin.outfile import create_exclusive, remove_own
+from ...codec import decode_event, decode_stored, pack, unpack
+from ...core import compiled_or_twin
+from ...errors import (
     AlreadyExistsError,
     CorruptStoreError,
     IncompatibleStoreError,
@@ -74,8 +75,7 @@ from ..errors import (
     StoreError,
     UnsafeStoreError,
 )
-from ..outfile import create_exclusive, remove_own
-from .base import (
+from ..base import (
     BATCH_EVENTS,
     BATCH_SECONDS,
     BATCH_SESSIONS,
@@ -183,11 +183,11 @@ atexit.register(_flush_at_exit)
 
 if TYPE_CHECKING:
     # The source is the type source; its compiled build has the same signatures.
-    from . import _lmdb_append as _hot
-    from . import _lmdb_locks as _locks
+    from . import _append as _hot
+    from . import _locks
 else:
-    _hot = compiled_or_twin("sessionscope.stores._lmdb_append")
-    _locks = compiled_or_twin("sessionscope.stores._lmdb_locks")
+    _hot = compiled_or_twin("sessionscope.stores.lmdb._append")
+    _locks = compiled_or_twin("sessionscope.stores.lmdb._locks")
 
 # The key helpers live with the append bodies, which run them on every append.
 _unique_part = _hot.unique_part

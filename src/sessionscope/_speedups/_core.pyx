@@ -2,7 +2,7 @@
 """Route state keys by scope prefix and validate storable values, compiled.
 
 The hot path of every append. Behaviour, messages and exception types match
-the pure-Python twin ``sessionscope._core_py`` exactly; the twin also owns the
+the pure-Python twin ``sessionscope._speedups._core_py`` exactly; the twin also owns the
 prefix constants and the ``Scope`` enum, so both modules hand out the same
 enum members.
 """
@@ -68,7 +68,7 @@ cdef extern from *:
     """
     int _str_ready "sessionscope_str_ready" (object o) except -1
 
-from sessionscope._core_py import (
+from sessionscope._speedups._core_py import (
     APP_PREFIX,
     KEY_PREFIX_APP,
     KEY_PREFIX_TEMP,
@@ -124,7 +124,7 @@ cdef object _UINT64_MAX = 2**64 - 1
 
 if (APP_PREFIX, USER_PREFIX, TEMP_PREFIX) != ("app:", "user:", "temp:"):
     # _scope_code() spells the prefixes out character by character.
-    raise ImportError("sessionscope._core is out of step with sessionscope._core_py")
+    raise ImportError("sessionscope._speedups._core is out of step with sessionscope._speedups._core_py")
 
 
 cdef inline int _scope_code(object key) noexcept:

@@ -1,10 +1,10 @@
 """The LMDB store's append bodies (one event, or a batch), and one write's own transaction.
 
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
-compiles this file a second time as ``sessionscope.stores._lmdb_append_c``,
+compiles this file a second time as ``sessionscope.stores.lmdb._append_c``,
 and this module stays importable as it is, the twin that runs where nothing
 was compiled (``sessionscope.core.compiled_or_twin`` picks one). The store
-(``lmdb.py``) keeps the lifecycle, locking, group commit and errors; it calls
+(``store.py``) keeps the lifecycle, locking, group commit and errors; it calls
 these functions inside its transactions and hands them itself, whose handles
 (``_sessions``, ``_shared``, ``_data``, ``_listing``) and format they read.
 
@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from .. import _no_cython as cython
-    from .base import Items
+    from ..._speedups import _no_cython as cython
+    from ..base import Items
 else:
     try:
         import cython
     except ImportError:  # a pure install runs without Cython
-        from .. import _no_cython as cython
+        from ..._speedups import _no_cython as cython
 
-from ..codec import pack, unpack
-from ..core import sized_key, timed_record
-from ..errors import CorruptStoreError, StoreError
-from .base import (
+from ...codec import pack, unpack
+from ...core import sized_key, timed_record
+from ...errors import CorruptStoreError, StoreError
+from ..base import (
     AppendBatch,
     AppendRequest,
     AppendResult,

@@ -3,14 +3,14 @@
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from sessionscope._core_py import APP_PREFIX as APP_PREFIX
-from sessionscope._core_py import KEY_PREFIX_APP as KEY_PREFIX_APP
-from sessionscope._core_py import KEY_PREFIX_TEMP as KEY_PREFIX_TEMP
-from sessionscope._core_py import KEY_PREFIX_USER as KEY_PREFIX_USER
-from sessionscope._core_py import MAX_DEPTH as MAX_DEPTH
-from sessionscope._core_py import TEMP_PREFIX as TEMP_PREFIX
-from sessionscope._core_py import USER_PREFIX as USER_PREFIX
-from sessionscope._core_py import Scope as Scope
+from sessionscope._speedups._core_py import APP_PREFIX as APP_PREFIX
+from sessionscope._speedups._core_py import KEY_PREFIX_APP as KEY_PREFIX_APP
+from sessionscope._speedups._core_py import KEY_PREFIX_TEMP as KEY_PREFIX_TEMP
+from sessionscope._speedups._core_py import KEY_PREFIX_USER as KEY_PREFIX_USER
+from sessionscope._speedups._core_py import MAX_DEPTH as MAX_DEPTH
+from sessionscope._speedups._core_py import TEMP_PREFIX as TEMP_PREFIX
+from sessionscope._speedups._core_py import USER_PREFIX as USER_PREFIX
+from sessionscope._speedups._core_py import Scope as Scope
 
 __all__ = [
     "APP_PREFIX",
