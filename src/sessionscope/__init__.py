@@ -6,9 +6,10 @@ An append-only log of events per session plus state scoped by key prefix
 
 from __future__ import annotations
 
+import logging
+
 from .admin.dump import DumpCounts, export_dump, import_dump
 from .core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX, Scope, scope_of
-from .dump import DumpCounts, export_dump, import_dump
 from .errors import (
     AlreadyExistsError,
     CorruptStoreError,
@@ -38,6 +39,11 @@ from .stores import LmdbStore, MemoryStore, Store, open_store
 from .templating import inject_state
 
 __version__ = "0.1.0"
+
+# The library logs (``logging.getLogger(__name__)`` per module) and never prints:
+# the application decides where records go. Without a handler of its own,
+# Python's last-resort handler would print warnings on stderr.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "APP_PREFIX",

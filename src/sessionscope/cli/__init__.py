@@ -10,9 +10,11 @@ directory is missing, a non-empty backup directory, a missing or malformed
 trace). ``tail --follow`` runs until interrupted (Ctrl-C or SIGTERM) and
 then exits 0. Every failure is one line on stderr, never a traceback; with
 ``--json`` it is also one JSON object on stdout,
-``{"error": {"type": ..., "message": ..., "hint": ...}}``.
+``{"error": {"type": ..., "message": ..., "hint": ...}}``. The library's
+warnings are one line each on stderr (``sessionscope: warning: ...``), and
+with ``-v`` its INFO records too.
 
-Only argparse is imported at start: each command imports what it needs, so
+Only argparse and logging are imported at start: each command imports what it needs, so
 ``sessionscope --help`` stays fast.
 """
 
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -43,6 +46,9 @@ _STORE_URIS = (
     f"{_LMDB_URI}, redis://[:password@]host:port/db, rediss://... (TLS), "
     "redis+cluster://host:port,host:port, memory://"
 )
+
+
+_VERBOSE = "also show what the library logs at INFO (map growth, retries), not only warnings"
 
 
 class UsageError(Exception):
@@ -75,6 +81,7 @@ def _parser() -> _Parser:
         "success, 1 a problem found or a failure, 2 bad usage or input.",
     )
     parser.add_argument("--version", action="version", version=f"sessionscope {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.command_parsers = commands.choices
 
@@ -136,6 +143,10 @@ def _store_commands(commands: Any) -> None:
         "--json", action="store_true", help="print one JSON document on stdout, for scripts"
     )
     common.add_argument("--no-progress", action="store_true", help="never draw progress bars")
+    # Also after the command; SUPPRESS keeps a -v given before it.
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE
+    )
 
     def add(name: str, summary: str, description: str) -> argparse.ArgumentParser:
         return commands.add_parser(  # type: ignore[no-any-return]
@@ -419,6 +430,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    stop_logging = _log_to_stderr(args.verbose)
+    try:
+        return _run(args)
+    finally:
+        stop_logging()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; report its failure as one line."""
     handlers = {"bench": _bench, "replay": _replay, "generate": _generate}
     try:
         if args.command in handlers:
@@ -454,6 +474,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(args.command, f"{type(error).__name__}: {error}")
         _json_error(args, type(error).__name__, str(error))
         return 1
+
+
+class _OneLine(logging.Formatter):
+    """Format a record as one line, ``sessionscope: warning: ...``; an error without traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from .stores import redact
+
+        message = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            message += f": {type(error).__name__}: {error}"
+        line = " ".join(redact(message).split())
+        return f"sessionscope: {record.levelname.lower()}: {line}"
+
+
+def _log_to_stderr(verbose: bool) -> Callable[[], None]:
+    """Show the library's warnings (with ``verbose``, INFO too) on stderr; return the undoing.
+
+    (``main`` may run inside another program: its logging is left as it was.)
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    handler.setLevel(logging.INFO if verbose else logging.WARNING)
+    top = logging.getLogger("sessionscope")
+    level = top.level
+    if verbose and not top.isEnabledFor(logging.INFO):
+        top.setLevel(logging.INFO)
+    top.addHandler(handler)
+
+    def undo() -> None:
+        top.removeHandler(handler)
+        top.setLevel(level)
+
+    return undo
 
 
 def _fail(command: str, message: str) -> None:

@@ -17,6 +17,7 @@ import _thread
 import asyncio
 import contextlib
 import heapq
+import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
@@ -63,6 +64,8 @@ __all__ = [
     "repeat_result",
     "result_of_batch",
 ]
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Items = list[tuple[str, bytes]]
@@ -1200,15 +1203,14 @@ class Expirer:
     """A background thread that expires idle sessions of a store with ``session_ttl``.
 
     It runs once at start, then every ``min(60, max(1, ttl / 2))`` seconds (at
-    most once a second) until ``stop``; an error of one pass is kept in
-    ``last_error`` and the next pass runs all the same.
+    most once a second) until ``stop``; an error of one pass is logged and
+    the next pass runs all the same.
     """
 
     def __init__(self, store: Store, ttl: float) -> None:
         self.ttl = ttl
         self.interval = min(60.0, max(1.0, ttl / 2))
         self.passes = 0
-        self.last_error: BaseException | None = None
         self._store = store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sessionscope-expirer", daemon=True)
@@ -1233,9 +1235,11 @@ class Expirer:
 
         while not self._stop.is_set():
             try:
-                self._store.expire_sessions(None, time.time() - self.ttl).result()
-            except Exception as error:  # kept for whoever looks; the next pass retries
-                self.last_error = error
+                expired = self._store.expire_sessions(None, time.time() - self.ttl).result()
+            except Exception:  # nobody else would hear of it; the next pass retries
+                _log.exception("expiring idle sessions of %r failed", self._store)
+            else:
+                _log.debug("expired %d idle sessions of %r", expired, self._store)
             self.passes += 1
             self._stop.wait(self.interval)
 

@@ -55,10 +55,10 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
-from functools import partial
+from functools import partial, wraps
 from itertools import islice, pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from urllib.parse import quote
 
 import lmdb
@@ -71,6 +71,7 @@ from ...errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     SessionNotFoundError,
+    SessionscopeError,
     StoreClosedError,
     StoreError,
     UnsafeStoreError,
@@ -199,10 +200,27 @@ _event_entries = _hot.event_entries
 _in_time_order = _hot.in_time_order
 _list_key = _hot.list_key
 
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def _logs_refusal(init: _Init) -> _Init:
+    """Log why a store refused to open (at INFO: the caller gets the error too)."""
+
+    @wraps(init)
+    def opening(self: LmdbStore, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except SessionscopeError as error:
+            _log.info("refused to open the store at %s: %s", self.path, error)
+            raise
+
+    return cast(_Init, opening)
+
 
 class LmdbStore:
     """A durable store in one directory, shared safely by several processes."""
 
+    @_logs_refusal
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -327,15 +345,17 @@ class LmdbStore:
                 # LMDB sizes the file to the map at once (sparsely): a file
                 # size limit can refuse that; the plain open below says why.
                 env = self._open_plain(map_size, writemap=True)
-            except StoreError:
+            except StoreError as error:
+                _log.debug("mapping %s writably failed: %s", self.path, error)
                 env = None
             try:
                 if env is not None:
                     self._preallocate(env.info()["map_size"])
                     self.writemap = True
                     return env
-            except (StoreError, lmdb.Error):
+            except (StoreError, lmdb.Error) as error:
                 # Unsupported here or no room: the mode without, which never faults.
+                _log.info("writing %s without a writable map: %s", self.path, error)
                 env.close()
             self._writemap_allowed = False
         self.writemap = False
@@ -537,8 +557,10 @@ class LmdbStore:
                         f"the store at {self.path} is closed", hint="open it again"
                     ) from None
             except lmdb.ReadersFullError:
-                if checked_readers or not self._env.reader_check():
+                cleared = 0 if checked_readers else self._env.reader_check()
+                if not cleared:
                     raise
+                _log.info("cleared %d reader slots of dead processes in %s", cleared, self.path)
                 checked_readers = True
 
     def _adopt_map_size(self) -> None:
@@ -552,9 +574,11 @@ class LmdbStore:
     def _adopt_if_open(self) -> None:
         if self._released:
             return
+        seen = self._map_size
         try:
             self._env.set_mapsize(0)
         except (lmdb.Error, OverflowError) as error:
+            _log.error("adopting the map another process grew for %s failed: %s", self.path, error)
             # LMDB dropped the map: map the file again, if the OS allows it.
             self._reopen(self._map_size)
             raise StoreError(
@@ -562,12 +586,14 @@ class LmdbStore:
                 hint="the OS refused the address space (ulimit -v, overcommit settings)",
             ) from error
         self._map_size = self._env.info()["map_size"]
+        _log.info("adopted the map grown for %s: %d -> %d bytes", self.path, seen, self._map_size)
         if self.writemap:
             try:
                 # A process without a writable map grows the map, not the file.
                 self._preallocate(self._map_size)
-            except StoreError:
+            except StoreError as error:
                 # No room for it: map again without writing through the map.
+                _log.info("writing %s without a writable map: %s", self.path, error)
                 self._writemap_allowed = False
                 self._reopen(self._map_size)
 
@@ -595,6 +621,7 @@ class LmdbStore:
                     "the store stays usable at its current size",
                 ) from error
             self._map_size = self._env.info()["map_size"]
+            _log.info("grew the map of %s: %d -> %d bytes", self.path, seen, self._map_size)
 
         self._gate.exclusive(double)
 
@@ -613,6 +640,7 @@ class LmdbStore:
                 }
         except BaseException as error:
             # The store cannot be used again; say so to every later call.
+            _log.error("mapping %s again failed: the store is closed", self.path, exc_info=error)
             self._released = self._closed = True
             if isinstance(error, lmdb.Error):
                 raise _lmdb_failure(f"mapping {self.path} again", error) from error
@@ -715,6 +743,7 @@ class LmdbStore:
         """
         if _file_id(self._lock_name) != self._lock_id:
             # Another process could not see this one's readers and writer.
+            _log.error("%s was removed or replaced: writes refused", self._lock_path)
             replaced = UnsafeStoreError(
                 f"{self._lock_path} was removed or replaced while the store was open",
                 hint="writing now could corrupt the store: close it in every process and "
@@ -745,13 +774,17 @@ class LmdbStore:
                 try:
                     self._grow(seen)
                 except StoreError as error:
+                    _log.error("growing the map of %s failed: %s", self.path, error)
                     return [(False, error)] * len(actions)
             except Exception as error:  # the failing write's own outcome
                 failure: Exception = error
                 if isinstance(error, lmdb.Error):
                     failure = _lmdb_failure("writing to the store", error)
                 if len(actions) == 1:
+                    if failure is not error:  # the store failed, not the write's own checks
+                        _log.error("writing to %s failed: %s", self.path, failure)
                     return [(False, failure)]
+                _log.debug("a write of %d failed (%s): each runs alone", len(actions), error)
                 return [self._run_writes([action])[0] for action in actions]
 
     def _write_loop(self) -> None:
@@ -789,6 +822,7 @@ class LmdbStore:
             try:
                 outcomes = self._run_writes([action for action, _ in batch])
             except BaseException as error:  # every waiter must hear of it
+                _log.exception("committing %d writes to %s failed", len(batch), self.path)
                 outcomes = [(False, error)] * len(batch)
         finish_all(
             (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
@@ -813,6 +847,9 @@ class LmdbStore:
                     error = _lmdb_failure("syncing the store", failure)
                 except BaseException as failure:  # reported to flushers
                     error = failure
+                if error is not None:
+                    # A periodic sync has no flusher to tell.
+                    _log.error("syncing %s failed", self.path, exc_info=error)
             finish_all((waiter, error is None, error) for waiter in waiters)
             if closing:
                 return

@@ -1555,13 +1555,25 @@ def _tolerated(replies: list[Any], reloaded: bool, where: str) -> list[Any]:
     ]  # fmt: skip
 
 
-def _retry() -> Retry:
+class _LoggedBackoff(ExponentialBackoff):
+    """redis-py's exponential backoff, logging each retry (it is asked before each one)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(cap=0.2, base=0.02)
+        self.where = where
+
+    def compute(self, failures: int) -> float:
+        _log.info("lost the connection to the Redis server at %s: retrying", self.where)
+        return super().compute(failures)
+
+
+def _retry(where: str) -> Retry:
     # A lost connection is retried once: every command a plan sends is
     # idempotent (appends by event id, creates by session number). A timeout
     # is not: a server that did not answer in ``timeout`` (stopped, or
     # overloaded) would only make the caller wait a second full timeout.
     return Retry(
-        ExponentialBackoff(cap=0.2, base=0.02),
+        _LoggedBackoff(where),
         retries=1,
         supported_errors=(redis.exceptions.ConnectionError,),
     )
@@ -1618,6 +1630,7 @@ class _SyncRunner:
         return list(pipe.execute(raise_on_error=False))
 
     def load_library(self) -> None:
+        _log.info("loading sessionscope's functions on %s (new, restarted or flushed)", self.where)
         code = _library_code()
         if self.cluster:
             self.client.execute_command(
@@ -1680,6 +1693,7 @@ class _AsyncRunner:
         return list(await pipe.execute(raise_on_error=False))
 
     async def load_library(self) -> None:
+        _log.info("loading sessionscope's functions on %s (new, restarted or flushed)", self.where)
         code = _library_code()
         if self.cluster:
             await self.client.execute_command(
@@ -2083,7 +2097,7 @@ class RedisStore:
         common: dict[str, Any] = {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
-            "retry": _retry(),
+            "retry": _retry(self.where),
             "protocol": 2,
         }
         if self.url is not None:
