@@ -480,7 +480,7 @@ class _OneLine(logging.Formatter):
     """Format a record as one line, ``sessionscope: warning: ...``; an error without traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from .stores import redact
+        from ..stores import redact
 
         message = record.getMessage()
         error = record.exc_info[1] if record.exc_info else None
