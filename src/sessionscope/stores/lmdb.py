@@ -644,7 +644,10 @@ class LmdbStore:
         wait for it (see ``WriterLock``).
         """
         self._check_open()
-        in_loop = asyncio._get_running_loop() is not None
+        try:
+            in_loop = asyncio.get_running_loop() is not None
+        except RuntimeError:  # no event loop runs in this thread
+            in_loop = False
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
@@ -2125,8 +2128,13 @@ def _errno_of(error: BaseException) -> int | None:
     """Return the errno an OSError or an LMDB error carries, when it says one."""
     if isinstance(error, OSError):
         return error.errno
+    if isinstance(error, lmdb.DiskError):
+        return errno.ENOSPC
+    # py-lmdb raises a plain lmdb.Error, the OS's message its only content,
+    # for EROFS and EPERM; its EACCES type (ReadonlyError) also stands for a
+    # write in a read-only transaction. These are recognised by their text.
     text = str(error)
-    for code in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+    for code in (errno.EROFS, errno.EACCES, errno.EPERM):
         if os.strerror(code) in text:
             return code
     return None
@@ -2145,6 +2153,8 @@ def _open_failure(path: Path, error: BaseException) -> StoreError:
         hint = "this user may not write the store's directory or files: check their owner and mode"
     elif code == errno.ENOSPC:
         hint = "the disk is full: free space and open the store again"
+    # py-lmdb refuses a second open of an environment with a plain lmdb.Error
+    # and no code: its message is all there is to recognise it by.
     elif isinstance(error, lmdb.Error) and "already open" in str(error):
         if _file_id(path / "data.mdb") in _inherited:
             hint = (
