@@ -284,7 +284,8 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
 
 
 @pytest.mark.skipif(
-    sys.platform != "linux" or sys.maxsize <= 2**32, reason="the mutex word's place is known on 64-bit Linux"
+    sys.platform != "linux" or sys.maxsize <= 2**32,
+    reason="the mutex word's place is known on 64-bit Linux",
 )
 @pytest.mark.parametrize(
     "module", ["sessionscope.stores._lmdb_locks", "sessionscope.stores._lmdb_locks_c"]
