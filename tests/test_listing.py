@@ -282,3 +282,38 @@ def test_listed_metadata_is_the_sessions_own(tmp_path: Path) -> None:
         assert listed[1].event_count == 3 and listed[1].revision.count(":") == 1
         with pytest.raises(AttributeError):
             listed[0].event_count = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("module", ["sessionscope._listing", "sessionscope._listing_c"])
+def test_listing_metas_are_what_the_dataclass_makes(module: str) -> None:
+    """Both builds of metas() give what SessionMeta(...) gives: every field, still frozen.
+
+    The compiled build sets the fields with PyObject_GenericSetAttr, past
+    the dataclass's __init__ (see "Internals kept, and why" in
+    docs/ARCHITECTURE.md): a field added to SessionMeta, or an __init__ that
+    does more than set fields, must show here.
+    """
+    import dataclasses
+    import importlib
+
+    from sessionscope.stores.base import SessionRecord
+
+    listing = importlib.import_module(module)
+    record = SessionRecord(APP, "u", "s1", 7, 1.5, 2.5, 9, "e9", removed_count=2)
+    (meta,) = listing.metas([record])
+    expected = SessionMeta(
+        id="s1",
+        app_name=APP,
+        user_id="u",
+        last_update_time=2.5,
+        create_time=1.5,
+        event_count=7,
+        revision=record.marker,
+    )
+    assert type(meta) is SessionMeta
+    assert meta == expected
+    for field in dataclasses.fields(SessionMeta):
+        assert getattr(meta, field.name) == getattr(expected, field.name), field.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.id = "other"  # type: ignore[misc]
+    assert meta.id == "s1"

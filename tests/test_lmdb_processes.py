@@ -283,6 +283,38 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
         store.close()
 
 
+@pytest.mark.skipif(
+    sys.platform != "linux" or sys.maxsize <= 2**32,
+    reason="the mutex word's place is known on 64-bit Linux",
+)
+@pytest.mark.parametrize(
+    "module", ["sessionscope.stores._lmdb_locks", "sessionscope.stores._lmdb_locks_c"]
+)
+def test_the_writer_lock_reads_lmdb_s_write_mutex_where_it_is(tmp_path: Path, module: str) -> None:
+    """LMDB's write mutex word is where WriterLock reads it: taken while held, free after.
+
+    Kept on purpose (see "Internals kept, and why" in docs/ARCHITECTURE.md):
+    should LMDB move its mutex, the loop would silently hand every deferred
+    write to the writer thread; this fails instead.
+    """
+    import importlib
+
+    import lmdb
+
+    locks = importlib.import_module(module)
+    env = lmdb.open(str(tmp_path))
+    lock = locks.WriterLock(str(tmp_path / "lock.mdb"))
+    try:
+        with env.begin(write=True):
+            lock.learn()
+            assert lock.acquire(False) is False
+        assert lock.acquire(False) is True
+        lock.release()
+    finally:
+        lock.close()
+        env.close()
+
+
 # Item 10: a full and a read-only filesystem
 
 

@@ -1137,3 +1137,43 @@ def test_rediss_speaks_tls_to_a_tls_only_server(tmp_path: Path) -> None:
             open_store(f"redis://127.0.0.1:{port}/0?ssl_ca_certs=x")
     finally:
         server.stop()
+
+
+def test_connections_pack_in_c_through_redis_py_public_arguments(redis_server: Any) -> None:
+    """Sync and asyncio clients pack with hiredis, given so at creation; they work end to end."""
+    import redis.asyncio
+
+    from sessionscope.stores import redis as redis_store
+
+    uri = f"{redis_server.url}?prefix=r{uuid.uuid4().hex}"
+    store = open_store(uri)
+    try:
+        sync_pool = store._new_client(asynchronous=False).connection_pool
+        assert isinstance(sync_pool.connection_kwargs["command_packer"], redis_store._CPacker)
+        svc = SyncSessionService(store)
+        session = svc.create_session(app_name=APP, user_id=USER)
+        svc.append_event(session, ev(delta={"a": 1}))
+
+        async def scenario() -> None:
+            client = store._new_client(asynchronous=True)
+            try:
+                cls = client.connection_pool.connection_class
+                assert issubclass(cls, redis_store._HiredisPacking)
+                assert issubclass(cls, redis.asyncio.Connection)
+                assert await client.ping()
+            finally:
+                await client.aclose()
+            service = SessionService(store)
+            got = await service.get_session(app_name=APP, user_id=USER, session_id=session.id)
+            assert got is not None and got.state == {"a": 1}
+
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    # The URL's own connection class (Unix socket, TLS) is the one made to pack in C.
+    for url, base in (
+        ("unix:///nowhere/redis.sock", redis.asyncio.UnixDomainSocketConnection),
+        ("rediss://localhost:1", redis.asyncio.SSLConnection),
+    ):
+        cls = redis_store._async_pool(url, {"protocol": 2}).connection_class
+        assert issubclass(cls, base) and issubclass(cls, redis_store._HiredisPacking)

@@ -802,131 +802,10 @@ def pack_plain(value, prefix=b""):
 # the same bytes, without a dict per event. Both maps have at most 15 entries
 # (fixmap), so a one-byte header is written first and set once they are counted.
 #
-# The event's attributes are read about twenty times an append. An event
-# class with __slots__ (the native Event, EventActions) keeps each one at a
-# fixed offset in the object: once the class's slots are known (_Slots), a
-# read is a load from that offset, where getattr would look the name up along
-# the class's MRO and call its descriptor each time. It is only taken for an
-# object of exactly that class, while the class is unchanged since (its
-# version tag, which CPython resets on any change to the class or a base);
-# anything else, and an empty slot, reads through getattr.
-
-cdef extern from *:
-    """
-    #include "structmember.h"
-
-    /* The offset of a slot's member descriptor in its objects; -1 for anything else. */
-    static Py_ssize_t sessionscope_slot_offset(PyObject* descr) {
-        PyMemberDef* member;
-        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
-        member = ((PyMemberDescrObject*)descr)->d_member;
-        if (member->type != T_OBJECT_EX || member->offset <= 0) return -1;
-        return member->offset;
-    }
-
-    /* The class's version tag, 0 when it has none (or it was reset by a change). */
-    static unsigned int sessionscope_version_tag(PyObject* cls) {
-        PyTypeObject* type = (PyTypeObject*)cls;
-    #if PY_VERSION_HEX < 0x030D0000
-        /* Up to 3.12 a change to the class clears this flag (the tag may stay). */
-        if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-    #endif
-        /* From 3.13 the flag is unused: a change sets the tag to 0. */
-        return type->tp_version_tag;
-    }
-
-    /* Whether the class reads attributes the generic way (no __getattribute__ of its own). */
-    static int sessionscope_generic_getattr(PyObject* cls) {
-        return ((PyTypeObject*)cls)->tp_getattro == PyObject_GenericGetAttr;
-    }
-
-    /* The object in a slot (borrowed), or NULL for an empty slot. */
-    static PyObject* sessionscope_slot(PyObject* obj, Py_ssize_t offset) {
-        return *(PyObject**)((char*)obj + offset);
-    }
-    """
-    Py_ssize_t _slot_offset "sessionscope_slot_offset" (object descr)
-    unsigned int _version_tag "sessionscope_version_tag" (object cls)
-    bint _generic_getattr "sessionscope_generic_getattr" (object cls)
-    PyObject* _slot "sessionscope_slot" (object obj, Py_ssize_t offset)
-
-
-cdef enum:
-    _MAX_SLOTS = 32
-
-
-cdef class _Slots:
-    """The offsets of some attributes of a class's objects, where all are slots."""
-
-    cdef object cls
-    cdef tuple names
-    # The names as the caller gave them (see _slots_for), to know them again.
-    cdef object given
-    cdef unsigned int tag
-    cdef bint direct
-    cdef Py_ssize_t offsets[_MAX_SLOTS]
-
-    def __init__(self, obj, tuple names, given):
-        cdef Py_ssize_t index
-        cdef Py_ssize_t offset
-        cls = type(obj)
-        self.cls = cls
-        self.names = names
-        self.given = given
-        self.direct = _generic_getattr(cls) and len(names) <= _MAX_SLOTS
-        for index, name in enumerate(names):
-            if not self.direct:
-                break
-            offset = _slot_offset(_class_attribute(cls, name))
-            self.direct = offset > 0
-            self.offsets[index] = offset
-        # A read of the object's first attribute gives the class a version tag if it has none.
-        if names:
-            getattr(obj, names[0])
-        self.tag = _version_tag(cls)
-        self.direct = self.direct and self.tag != 0
-
-    cdef inline object read(self, object obj, Py_ssize_t index):
-        """Return attribute ``index`` of ``obj``: from its slot where that is safe."""
-        cdef PyObject* found
-        if self.direct and type(obj) is self.cls and _version_tag(self.cls) == self.tag:
-            found = _slot(obj, self.offsets[index])
-            if found != NULL:
-                return <object>found
-        return getattr(obj, self.names[index])
-
-
-cdef object _class_attribute(object cls, object name):
-    """Return what the class's MRO holds under ``name`` (None when nothing)."""
-    for base in cls.__mro__:
-        found = base.__dict__.get(name)
-        if found is not None:
-            return found
-    return None
-
-
-# The slots of the last event class and actions class packed, by the field names asked for.
-cdef _Slots _event_slots = None
-cdef _Slots _action_slots = None
-
-
-cdef _Slots _slots_for(_Slots known, object obj, tuple leading, object given, tuple trailing):
-    """Return ``known`` when it is for ``obj``'s class as it is and these names, or new slots."""
-    if (
-        known is not None
-        and known.cls is type(obj)
-        and (known.given is given or known.given == given)
-        and (not known.direct or known.tag == _version_tag(known.cls))
-    ):
-        return known
-    return _Slots(obj, leading + given + trailing, given)
-
+# The event's attributes are read through getattr, about twenty times an
+# append: a public C call each (PyObject_GetAttr), whatever the event's class.
 
 cdef int _FIXMAP_MAX = 15
-_EVENT_LEADING = ("id", "timestamp")
-_EVENT_TRAILING = ("actions", "extra")
-_ACTION_LEADING = ("state_delta", "artifact_delta")
-_ACTION_TRAILING = ("extra",)
 
 
 cdef inline bint _is_empty_dict(object value) noexcept:
@@ -982,7 +861,6 @@ cdef int _put_map_entry(
 
 cdef int _put_event(_Buffer* buf, object event, tuple fields, tuple action_fields) except -1:
     """Pack an event's record (see pack_event); 0, with the buffer in any state, for another."""
-    global _event_slots, _action_slots
     cdef Py_ssize_t head = buf.size
     cdef Py_ssize_t actions_head
     cdef Py_ssize_t actions_start
@@ -990,41 +868,34 @@ cdef int _put_event(_Buffer* buf, object event, tuple fields, tuple action_field
     cdef Py_ssize_t size = PyTuple_GET_SIZE(fields)
     cdef int count = 2
     cdef int actions_count = 0
-    cdef _Slots slots = _slots_for(_event_slots, event, _EVENT_LEADING, fields, _EVENT_TRAILING)
-    cdef _Slots action_slots
-    _event_slots = slots
     _put_head(buf, 0x80, 0, 0)
-    if not _put_entry(buf, "id", slots.read(event, 0), 1):
+    if not _put_entry(buf, "id", event.id, 1):
         return 0
-    if not _put_entry(buf, "timestamp", slots.read(event, 1), 1):
+    if not _put_entry(buf, "timestamp", event.timestamp, 1):
         return 0
     for index in range(size):
-        if not _put_set_field(buf, fields[index], slots.read(event, 2 + index), 1, &count):
+        if not _put_set_field(buf, fields[index], getattr(event, fields[index]), 1, &count):
             return 0
-    actions = slots.read(event, 2 + size)
-    action_slots = _slots_for(
-        _action_slots, actions, _ACTION_LEADING, action_fields, _ACTION_TRAILING
-    )
-    _action_slots = action_slots
+    actions = event.actions
     actions_start = buf.size
     _put_str(buf, "actions")
     actions_head = buf.size
     _put_head(buf, 0x80, 0, 0)
-    if not _put_map_entry(buf, "state_delta", action_slots.read(actions, 0), 2, &actions_count):
+    if not _put_map_entry(buf, "state_delta", actions.state_delta, 2, &actions_count):
         return 0
     if not _put_map_entry(
-        buf, "artifact_delta", action_slots.read(actions, 1), 2, &actions_count
+        buf, "artifact_delta", actions.artifact_delta, 2, &actions_count
     ):
         return 0
     for index in range(PyTuple_GET_SIZE(action_fields)):
-        value = action_slots.read(actions, 2 + index)
+        value = getattr(actions, action_fields[index])
         if value is None:
             continue
         if not _put_entry(buf, action_fields[index], value, 2):
             return 0
         actions_count += 1
     if not _put_map_entry(
-        buf, "extra", action_slots.read(actions, 2 + PyTuple_GET_SIZE(action_fields)), 2,
+        buf, "extra", actions.extra, 2,
         &actions_count,
     ):
         return 0
@@ -1035,7 +906,7 @@ cdef int _put_event(_Buffer* buf, object event, tuple fields, tuple action_field
         count += 1
     else:
         buf.size = actions_start
-    if not _put_map_entry(buf, "extra", slots.read(event, 3 + size), 1, &count):
+    if not _put_map_entry(buf, "extra", event.extra, 1, &count):
         return 0
     if count > _FIXMAP_MAX:
         return 0

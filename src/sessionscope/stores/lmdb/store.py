@@ -132,11 +132,6 @@ _MAX_BATCH = 1024
 _MIN_MAP_SIZE = 1 << 20
 # Each reader slot is a line of lock.mdb; more than this is a typo.
 _MAX_READERS = 1 << 20
-# LMDB 0.9's page header, and the fields of a meta page after it.
-_PAGE_HEADER = 16
-_META = struct.Struct("<IIQQ48s48sQQ")
-_DB_ROOT = struct.Struct("<Q")  # the root page number, last field of a database record
-_NO_PAGE = (1 << 64) - 1
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 # A write waiting for the group commit, and who waits for it.
@@ -437,16 +432,16 @@ class LmdbStore:
             raise IncompatibleStoreError(
                 f"{data} is not an LMDB file", hint="pick an empty or new directory"
             )
-        # What LMDB would map without checking: pages past the end of the
-        # file are a SIGBUS, not an error.
-        _check_meta(data)
-        if verify:
-            _verify_file(data)
         if _file_id(data) in _open_here:
             raise StoreError(
                 f"cannot open {path}: it is already open in this process",
                 hint="a process opens a store once: share the store object between services",
             )
+        # What LMDB would map without checking: pages past the end of the
+        # file are a SIGBUS, not an error.
+        _check_meta(data)
+        if verify:
+            _verify_file(data)
         if _in_use(path / "lock.mdb"):
             # Another process has the store open, so it is an LMDB store in
             # use: an unregistered read here could meet pages a writer is
@@ -672,7 +667,10 @@ class LmdbStore:
         wait for it (see ``WriterLock``).
         """
         self._check_open()
-        in_loop = asyncio._get_running_loop() is not None
+        try:
+            in_loop = asyncio.get_running_loop() is not None
+        except RuntimeError:  # no event loop runs in this thread
+            in_loop = False
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
@@ -2162,8 +2160,13 @@ def _errno_of(error: BaseException) -> int | None:
     """Return the errno an OSError or an LMDB error carries, when it says one."""
     if isinstance(error, OSError):
         return error.errno
+    if isinstance(error, lmdb.DiskError):
+        return errno.ENOSPC
+    # py-lmdb raises a plain lmdb.Error, the OS's message its only content,
+    # for EROFS and EPERM; its EACCES type (ReadonlyError) also stands for a
+    # write in a read-only transaction. These are recognised by their text.
     text = str(error)
-    for code in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+    for code in (errno.EROFS, errno.EACCES, errno.EPERM):
         if os.strerror(code) in text:
             return code
     return None
@@ -2182,6 +2185,8 @@ def _open_failure(path: Path, error: BaseException) -> StoreError:
         hint = "this user may not write the store's directory or files: check their owner and mode"
     elif code == errno.ENOSPC:
         hint = "the disk is full: free space and open the store again"
+    # py-lmdb refuses a second open of an environment with a plain lmdb.Error
+    # and no code: its message is all there is to recognise it by.
     elif isinstance(error, lmdb.Error) and "already open" in str(error):
         if _file_id(path / "data.mdb") in _inherited:
             hint = (
@@ -2314,7 +2319,7 @@ def _begin_adopting(env: Any) -> Any:
 def _check_meta(data: Path) -> None:
     """Refuse a data file shorter than its meta pages say, or whose meta pages are damaged.
 
-    Cheap (two small reads), so it runs at every open: LMDB maps the file
+    Cheap (a read-only open of two pages), so it runs at every open: LMDB maps the file
     and trusts these numbers, and a page past the end of the file is a
     SIGBUS, not an error. Another process may commit while the pages are
     read: a refusal stands only when three reads agree.
@@ -2329,44 +2334,29 @@ def _check_meta(data: Path) -> None:
 
 
 def _read_meta(data: Path) -> None:
+    # py-lmdb reads the meta pages: opened read-only and without the lock
+    # file, it changes no file, and info() and stat() read nothing else. A
+    # root page past the last one is LMDB's own PageNotFoundError later.
     try:
-        with open(data, "rb") as file:
-            first = file.read(_PAGE_HEADER + _META.size)
-            if len(first) < _PAGE_HEADER + _META.size:
-                raise CorruptStoreError(f"{data} is too short to hold its meta pages")
-            page_size = int.from_bytes(first[_PAGE_HEADER + 24 : _PAGE_HEADER + 28], "little")
-            if page_size < 512 or page_size > 1 << 16 or page_size & (page_size - 1):
-                raise CorruptStoreError(f"{data} records an impossible page size {page_size}")
-            file.seek(page_size)
-            second = file.read(_PAGE_HEADER + _META.size)
-            # After the meta pages: a commit writes its pages before its meta
-            # page, and the file only grows, so this size covers what they say.
-            size = os.fstat(file.fileno()).st_size
+        size = os.stat(data).st_size
+        env = _open_adopting(str(data), subdir=False, readonly=True, lock=False)
     except OSError as error:
         raise _open_failure(data.parent, error) from error
-    if len(second) < _PAGE_HEADER + _META.size:
-        raise CorruptStoreError(f"{data} is {size} bytes, too short to hold its second meta page")
-    metas = []
-    for page in (first, second):
-        magic, _, _, _, free_db, main_db, last_page, txn_id = _META.unpack_from(page, _PAGE_HEADER)
-        if magic != _LMDB_MAGIC:
-            raise CorruptStoreError(f"{data} has a damaged meta page (bad magic number)")
-        metas.append((txn_id, last_page, free_db, main_db))
-    # LMDB uses the meta page of the later transaction.
-    _, last_page, free_db, main_db = max(metas)
+    except (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.CorruptedError) as error:
+        raise CorruptStoreError(f"{data} has a damaged meta page: {error}") from error
+    except lmdb.Error as error:
+        raise _open_failure(data.parent, error) from error
+    try:
+        last_page = env.info()["last_pgno"]
+        page_size = env.stat()["psize"]
+    finally:
+        env.close()
     needed = (last_page + 1) * page_size
     if size < needed:
         raise CorruptStoreError(
             f"{data} is {size} bytes but its meta page says it holds {last_page + 1} pages "
             f"of {page_size} bytes ({needed} bytes): the file was truncated"
         )
-    for name, record in (("free", free_db), ("main", main_db)):
-        (root,) = _DB_ROOT.unpack_from(record, 40)
-        if root != _NO_PAGE and not 2 <= root <= last_page:
-            raise CorruptStoreError(
-                f"{data} has a damaged meta page: the {name} database's root page "
-                f"{root} is outside the file's {last_page + 1} pages"
-            )
 
 
 def _verify_file(data: Path) -> None:

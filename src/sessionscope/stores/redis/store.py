@@ -217,6 +217,13 @@ def _index_range(index: bytes, low: str, count: int) -> Command:
     return ("ZRANGE", index, low, "+inf", "BYSCORE", "LIMIT", 0, count, "WITHSCORES")
 
 
+def _remember(known: dict[Any, Any], key: Any, value: Any, most: int) -> None:
+    """Keep ``value`` under ``key``, emptying ``known`` first once it holds ``most`` entries."""
+    if len(known) >= most:
+        known.clear()
+    known[key] = value
+
+
 class _Keys:
     """Build every key name of one prefix: the one place the layout is written down."""
 
@@ -225,16 +232,25 @@ class _Keys:
         self.format = self.base + b"format"
         # The store's apps (a set; its own slot on a cluster).
         self.apps = self.base + b"apps"
+        # Tags computed before (ids recur), each dict emptied when full.
+        self._user_tags: dict[tuple[str, str], bytes] = {}
+        self._app_tags: dict[str, bytes] = {}
 
-    @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, ids recur
     def user_tag(self, app_name: str, user_id: str) -> bytes:
-        digest = blake2b(pack([app_name, user_id]), digest_size=16).hexdigest()
-        return self.base + b"{u" + digest.encode() + b"}"
+        tag = self._user_tags.get((app_name, user_id))
+        if tag is None:
+            digest = blake2b(pack([app_name, user_id]), digest_size=16).hexdigest()
+            tag = self.base + b"{u" + digest.encode() + b"}"
+            _remember(self._user_tags, (app_name, user_id), tag, 4096)
+        return tag
 
-    @lru_cache(maxsize=1024)  # noqa: B019 - one instance per store, ids recur
     def app_tag(self, app_name: str) -> bytes:
-        digest = blake2b(pack([app_name]), digest_size=16).hexdigest()
-        return self.base + b"{a" + digest.encode() + b"}"
+        tag = self._app_tags.get(app_name)
+        if tag is None:
+            digest = blake2b(pack([app_name]), digest_size=16).hexdigest()
+            tag = self.base + b"{a" + digest.encode() + b"}"
+            _remember(self._app_tags, app_name, tag, 1024)
+        return tag
 
     def session(self, app_name: str, user_id: str, session_id: str) -> list[bytes]:
         """Return record, events, ids, times, state, positions and names keys of a session."""
@@ -350,6 +366,8 @@ class _Operations:
     def __init__(self, settings: _Settings) -> None:
         self.settings = settings
         self.keys = _Keys(settings.prefix)
+        # The append function's keys of each session appended to (sessions recur).
+        self._session_keys: dict[tuple[str, str, str], tuple[bytes, ...]] = {}
         self.cluster = settings.cluster
         # When this process last pushed each app's keys' expiry forward.
         self._app_refreshed: dict[str, float] = {}
@@ -686,14 +704,18 @@ class _Operations:
         if self.settings.wait:
             self._check_wait(replies[-1])
 
-    @lru_cache(maxsize=4096)  # noqa: B019 - one instance per store, sessions recur
     def _append_keys(self, app_name: str, user_id: str, session_id: str) -> tuple[bytes, ...]:
         """Return the append function's keys of one session's run (see functions.lua)."""
-        return (
-            *self.keys.session(app_name, user_id, session_id),
-            *self.keys.user(app_name, user_id),
-            *self._app_keys(app_name),
-        )
+        ident = (app_name, user_id, session_id)
+        keys = self._session_keys.get(ident)
+        if keys is None:
+            keys = (
+                *self.keys.session(app_name, user_id, session_id),
+                *self.keys.user(app_name, user_id),
+                *self._app_keys(app_name),
+            )
+            _remember(self._session_keys, ident, keys, 4096)
+        return keys
 
     def _call(
         self, runs: list[Run], guard: bytes, place: int | None, batch: AppendBatch | None = None
@@ -1735,15 +1757,12 @@ class _HiredisPacking:
     redis-py's asyncio connections pack in Python, one call per argument, and
     its sync ones walk the arguments in Python before hiredis packs them: for
     an append of thirty arguments (thousands in a bulk call) that costs more
-    than the server's work.
+    than the server's work. An asyncio connection packs through its public
+    ``pack_command``; a sync one takes a ``command_packer`` (``_CPacker``).
     """
 
     def pack_command(self, *args: Any) -> list[bytes]:
         return _pack_in_c(*args)
-
-    def _construct_command_packer(self, packer: Any) -> Any:
-        # The sync connections pack through this object, not pack_command.
-        return _CPacker()
 
 
 def _pack_in_c(*args: Any) -> list[bytes]:
@@ -1764,6 +1783,22 @@ def _packing_in_c(connection_class: type) -> type:
     if hiredis is None:
         return connection_class
     return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+
+
+# What a sync connection packs with: redis-py's public command_packer argument.
+_SYNC_PACKING: dict[str, Any] = {} if hiredis is None else {"command_packer": _CPacker()}
+
+
+def _async_pool(url: str, options: dict[str, Any]) -> Any:
+    """Return an asyncio connection pool for ``url``, its connections packing with hiredis.
+
+    Made as ``ConnectionPool.from_url`` makes it (the URL's options win over
+    ``options``), with the URL's connection class (TCP, TLS or Unix socket)
+    given at creation.
+    """
+    settings = {**options, **redis.asyncio.connection.parse_url(url)}
+    base = settings.pop("connection_class", redis.asyncio.Connection)
+    return redis.asyncio.ConnectionPool(connection_class=_packing_in_c(base), **settings)
 
 
 class _AsyncRedisStore:
@@ -2101,14 +2136,9 @@ class RedisStore:
             "protocol": 2,
         }
         if self.url is not None:
-            client: Any = (
-                redis.asyncio.Redis.from_url(self.url, **common)
-                if asynchronous
-                else redis.Redis.from_url(self.url, **common)
-            )
-            pool = client.connection_pool
-            pool.connection_class = _packing_in_c(pool.connection_class)
-            return client
+            if asynchronous:
+                return redis.asyncio.Redis.from_pool(_async_pool(self.url, common))
+            return redis.Redis.from_url(self.url, **common, **_SYNC_PACKING)
         if asynchronous:
             # (The async cluster client takes no connection class: it packs in Python.)
             nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self.nodes or []]
