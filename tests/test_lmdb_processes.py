@@ -288,7 +288,7 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
     reason="the mutex word's place is known on 64-bit Linux",
 )
 @pytest.mark.parametrize(
-    "module", ["sessionscope.stores._lmdb_locks", "sessionscope.stores._lmdb_locks_c"]
+    "module", ["sessionscope.stores.lmdb._locks", "sessionscope.stores.lmdb._locks_c"]
 )
 def test_the_writer_lock_reads_lmdb_s_write_mutex_where_it_is(tmp_path: Path, module: str) -> None:
     """LMDB's write mutex word is where WriterLock reads it: taken while held, free after.

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import redis
-from sessionscope._append import encode_event
+from sessionscope.service._append import encode_event
 
 import _stores
 from _redis import RedisCluster, RedisServer, have_redis
@@ -239,7 +239,7 @@ class Flusher:
     def __init__(self, server: Any) -> None:
         self.clients = [redis.Redis(port=node.port) for node in nodes(server)]
         self.code = (
-            resources.files("sessionscope.stores").joinpath("redis_functions.lua").read_text()
+            resources.files("sessionscope.stores.redis").joinpath("functions.lua").read_text()
         )
         self.flushes = 0
         self._stop = threading.Event()

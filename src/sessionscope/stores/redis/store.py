@@ -948,7 +948,7 @@ class _Operations:
         """Send a group's append calls, pipelined, and take the reply of every call that ran.
 
         The calls are chained by a fresh guard key (in the slot of the
-        session ``first``; see ``append`` in redis_functions.lua): call k
+        session ``first``; see ``append`` in functions.lua): call k
         runs only once call k-1 has landed, so whatever the server answers
         part-way (a refusal, out of memory, a flushed function library)
         what is stored is a prefix of the group, in order, and ``tally``
