@@ -284,7 +284,9 @@ def test_listed_metadata_is_the_sessions_own(tmp_path: Path) -> None:
             listed[0].event_count = 5  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("module", ["sessionscope.service._listing", "sessionscope.service._listing_c"])
+@pytest.mark.parametrize(
+    "module", ["sessionscope.service._listing", "sessionscope.service._listing_c"]
+)
 def test_listing_metas_are_what_the_dataclass_makes(module: str) -> None:
     """Both builds of metas() give what SessionMeta(...) gives: every field, still frozen.
 

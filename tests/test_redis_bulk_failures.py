@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 import redis
-from sessionscope.service._append import encode_event
 
 import _stores
 from _redis import RedisCluster, RedisServer, have_redis
 from _stores import APP, USER, ev, event_ids
 from sessionscope import Event, SyncSessionService
 from sessionscope.errors import StoreError
+from sessionscope.service._append import encode_event
 from sessionscope.stores import open_store
 from sessionscope.stores.base import AppendBatch, AppendRequest, BatchResult
 from sessionscope.stores.redis import RedisStore
