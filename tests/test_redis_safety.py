@@ -305,6 +305,34 @@ def test_a_read_missing_the_state_its_record_names_is_corrupt(
         client.close()
 
 
+@pytest.mark.parametrize("how", ["append", "append_many"])
+def test_a_read_missing_the_state_an_append_gave_is_corrupt(
+    shared_server: tuple[str, Any], how: str
+) -> None:
+    """A session created bare and given its state by appends names that state map too."""
+    kind, server = shared_server
+    prefix = f"r{uuid.uuid4().hex}"
+    svc = SyncSessionService(f"{server.url}?prefix={prefix}")
+    client = _raw_client(kind, server)
+    try:
+        s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        events = [ev(delta={"k": n}) for n in range(3)]
+        if how == "append":
+            for event in events:
+                svc.append_event(s, event)
+        else:
+            svc.append_many([(s, event) for event in events])
+        assert _get(svc).state == {"k": 2}
+        (state,) = _keys(client, prefix, b"s:")
+        client.delete(state)
+        for read in (_get, _aget):
+            with pytest.raises(CorruptStoreError, match="is missing its state"):
+                read(svc)
+    finally:
+        svc.close()
+        client.close()
+
+
 # -- credentials ----------------------------------------------------------------
 
 

@@ -348,6 +348,17 @@ end
 
 -- Issues every gathered write of the call: the sessions' keys, then the
 -- user maps (each map's items in request order, so the latest value wins).
+-- Writes a session's record after a call's appends to it; a session given
+-- state names its state map there (see load).
+local function put_record(s)
+    if s.names_state then
+        redis.call('HSET', s.keys[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last,
+            'sm', '1')
+    else
+        redis.call('HSET', s.keys[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last)
+    end
+end
+
 local function flush_session(s)
     local w, keys = s.w, s.keys
     if #w.ev == 0 and #w.st == 0 then
@@ -540,6 +551,7 @@ local function append_one(call, s, args, pos)
     local w = s.w
     if n_session > 0 then
         push_pairs(w.st, args, items, n_session)
+        s.names_state = true
     end
     if n_user > 0 then
         push_pairs(user_items(call, keys[8]), args, items + 2 * n_session, n_user)
@@ -701,7 +713,13 @@ local function append_straight(keys, args, ttl, total)
     put('ZADD', keys[7], kept)
     put('HSET', keys[6], st)
     put('HSET', keys[9], ust)
-    redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count), 'l', event_id)
+    if #st > 0 then
+        -- The record names the state map it now has: a read that finds it gone
+        -- reports the session corrupt (see load).
+        redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count), 'l', event_id, 'sm', '1')
+    else
+        redis.call('HSET', rec_key, 'u', ts, 'k', tostring(count), 'l', event_id)
+    end
     redis.call('ZADD', keys[10], ts, args[6])
     if ttl > 0 then
         expire_all(ttl, {rec_key, keys[3], ids_key, keys[5], keys[6], keys[7], keys[8], keys[9],
@@ -722,7 +740,7 @@ local function read_in_call(call, s, n, after)
     flush_user_items(call)
     local k = s.keys
     if s.wrote then
-        redis.call('HSET', k[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last)
+        put_record(s)
     end
     return load({k[1], k[2], k[4], k[5], k[6], k[8], k[10], k[12]}, {n, after})
 end
@@ -856,7 +874,7 @@ local function append(keys, args)
     for _, s in ipairs(call.sessions) do
         if s.wrote then
             local k = s.keys
-            redis.call('HSET', k[1], 'u', s.updated, 'k', tostring(s.count), 'l', s.last)
+            put_record(s)
             note_index(index, k[9], s.updated, s.sid)
             expire_all(ttl, {k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[10], k[11]})
         end
