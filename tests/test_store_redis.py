@@ -1143,7 +1143,7 @@ def test_connections_pack_in_c_through_redis_py_public_arguments(redis_server: A
     """Sync and asyncio clients pack with hiredis, given so at creation; they work end to end."""
     import redis.asyncio
 
-    from sessionscope.stores import redis as redis_store
+    from sessionscope.stores.redis import store as redis_store
 
     uri = f"{redis_server.url}?prefix=r{uuid.uuid4().hex}"
     store = open_store(uri)
