@@ -481,7 +481,8 @@ def test_commands_that_read_refuse_a_redis_prefix_without_a_store(
             assert "no store" in done.stderr and prefix in done.stderr, done.stderr
             assert done.stderr.count("\n") == 1
         assert not list(client.scan_iter(match=f"{prefix}*"))
-        assert client.dbsize() == before
+        # No key anywhere either (keys of earlier tests may expire meanwhile, never appear).
+        assert client.dbsize() <= before
         assert not (tmp_path / "out.dump").exists()
         # A store that exists is read as before.
         with SyncSessionService(uri) as svc:
