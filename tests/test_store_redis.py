@@ -1215,3 +1215,18 @@ def test_plans_leave_what_differs_on_a_cluster_to_the_topology() -> None:
     for module in (sessions, append, retention):
         source = Path(module.__file__ or "").read_text()
         assert "self.cluster" not in source and "settings.cluster" not in source, module
+
+
+def test_importing_the_redis_package_imports_no_redis_py() -> None:
+    """redis-py is an extra: the package loads it only when a name of it is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sessionscope.stores.redis as r\n"
+        "assert 'redis' not in sys.modules, 'imported early'\n"
+        "assert r.LIBRARY == 'sessionscope_6' and r.FORMAT_VERSION >= 1\n"
+        "assert 'redis' in sys.modules and r.RedisStore.__name__ == 'RedisStore'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
