@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import sessionscope.stores.redis.store as redis_store
+import sessionscope.stores.redis.cluster as redis_cluster
 from sessionscope import Event, EventActions, SyncSessionService
 from sessionscope.errors import StaleSessionError
 
@@ -114,7 +114,7 @@ def stop_between(uri: str, app: str, user: str, sid: str, value: str) -> None:
     with SyncSessionService(uri) as svc:
         s = svc.get_session(app_name=app, user_id=user, session_id=sid)
         assert s is not None
-        redis_store.between_steps = hang
+        redis_cluster.between_steps = hang
         event = Event(author="child", actions=EventActions(state_delta={"app:flag": value}))
         svc.append_event(s, event)
 

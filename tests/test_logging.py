@@ -248,7 +248,7 @@ def test_a_reloaded_library_and_a_lost_connection_are_logged(
         caplog.clear()
         svc.append_event(session, ev(delta={"a": 1}))
         (loaded,) = caplog.records
-        assert loaded.levelno == logging.INFO and loaded.name == "sessionscope.stores.redis.store"
+        assert loaded.levelno == logging.INFO and loaded.name == "sessionscope.stores.redis.runners"
         assert loaded.getMessage() == (
             f"loading sessionscope's functions on {where} (new, restarted or flushed)"
         )

@@ -122,7 +122,7 @@ def test_eviction_allowed_opens_with_a_warning(
 ) -> None:
     server = evicting(tmp_path)
     try:
-        caplog.set_level(logging.WARNING, logger="sessionscope.stores.redis.store")
+        caplog.set_level(logging.WARNING, logger="sessionscope.stores.redis.client")
         for sid, uri, options in (
             ("a", f"{server.url}?prefix=p&allow_eviction=true", {}),
             ("b", f"{server.url}?prefix=p", {"allow_eviction": True}),

@@ -1143,13 +1143,13 @@ def test_connections_pack_in_c_through_redis_py_public_arguments(redis_server: A
     """Sync and asyncio clients pack with hiredis, given so at creation; they work end to end."""
     import redis.asyncio
 
-    from sessionscope.stores.redis import store as redis_store
+    from sessionscope.stores.redis import client as redis_client
 
     uri = f"{redis_server.url}?prefix=r{uuid.uuid4().hex}"
     store = open_store(uri)
     try:
         sync_pool = store._new_client(asynchronous=False).connection_pool
-        assert isinstance(sync_pool.connection_kwargs["command_packer"], redis_store._CPacker)
+        assert isinstance(sync_pool.connection_kwargs["command_packer"], redis_client._CPacker)
         svc = SyncSessionService(store)
         session = svc.create_session(app_name=APP, user_id=USER)
         svc.append_event(session, ev(delta={"a": 1}))
@@ -1158,7 +1158,7 @@ def test_connections_pack_in_c_through_redis_py_public_arguments(redis_server: A
             client = store._new_client(asynchronous=True)
             try:
                 cls = client.connection_pool.connection_class
-                assert issubclass(cls, redis_store._HiredisPacking)
+                assert issubclass(cls, redis_client._HiredisPacking)
                 assert issubclass(cls, redis.asyncio.Connection)
                 assert await client.ping()
             finally:
@@ -1175,5 +1175,58 @@ def test_connections_pack_in_c_through_redis_py_public_arguments(redis_server: A
         ("unix:///nowhere/redis.sock", redis.asyncio.UnixDomainSocketConnection),
         ("rediss://localhost:1", redis.asyncio.SSLConnection),
     ):
-        cls = redis_store._async_pool(url, {"protocol": 2}).connection_class
-        assert issubclass(cls, base) and issubclass(cls, redis_store._HiredisPacking)
+        cls = redis_client._async_pool(url, {"protocol": 2}).connection_class
+        assert issubclass(cls, base) and issubclass(cls, redis_client._HiredisPacking)
+
+
+def _protocol_methods(protocol: type) -> dict[str, Any]:
+    return {
+        name: member
+        for name, member in vars(protocol).items()
+        if callable(member) and not name.startswith("_")
+    }
+
+
+def test_both_faces_offer_every_store_operation_as_the_protocol_words_it() -> None:
+    """The derived faces: each protocol method, its parameters, its kind and a docstring."""
+    import inspect
+
+    from sessionscope.stores.base import AsyncStore, Store
+    from sessionscope.stores.redis.store import _AsyncRedisStore
+
+    for protocol, face in ((Store, RedisStore), (AsyncStore, _AsyncRedisStore)):
+        for name, wanted in _protocol_methods(protocol).items():
+            ours = getattr(face, name)
+            assert ours.__doc__, (face, name)
+            assert list(inspect.signature(ours).parameters) == list(
+                inspect.signature(wanted).parameters
+            ), (face, name)
+            if inspect.iscoroutinefunction(wanted):
+                assert inspect.iscoroutinefunction(ours), (face, name)
+    # The methods beside the protocol say what they are for.
+    for name in ("append_many_reading", "noop", "destroy"):
+        assert "Not part of the Store protocol" in (getattr(RedisStore, name).__doc__ or "")
+
+
+def test_plans_leave_what_differs_on_a_cluster_to_the_topology() -> None:
+    """No plan tests for a cluster itself: ``cluster.py`` holds every difference."""
+    from sessionscope.stores.redis import append, retention, sessions
+
+    for module in (sessions, append, retention):
+        source = Path(module.__file__ or "").read_text()
+        assert "self.cluster" not in source and "settings.cluster" not in source, module
+
+
+def test_importing_the_redis_package_imports_no_redis_py() -> None:
+    """redis-py is an extra: the package loads it only when a name of it is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sessionscope.stores.redis as r\n"
+        "assert 'redis' not in sys.modules, 'imported early'\n"
+        "assert r.LIBRARY == 'sessionscope_6' and r.FORMAT_VERSION >= 1\n"
+        "assert 'redis' in sys.modules and r.RedisStore.__name__ == 'RedisStore'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,5 +1,8 @@
 """The Redis and Redis Cluster store: ``store`` holds it, ``functions.lua`` the
-server-side functions it loads.
+server-side functions it loads. Its parts: ``keys`` (the key layout), the
+plans by concern (``sessions``, ``append``, ``retention``; ``common`` for what
+they share), ``cluster`` (what differs on a cluster), ``runners`` (plans run
+on sync and asyncio clients) and ``client`` (redis-py clients).
 
 redis-py is an optional extra: importing this package imports nothing of it;
 the first use of a name below does (``open_store`` imports it only for a

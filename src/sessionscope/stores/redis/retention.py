@@ -1,0 +1,85 @@
+"""Plans of retention: truncate a session's events, expire idle sessions, delete users, apps."""
+
+from __future__ import annotations
+
+from ...errors import SessionNotFoundError
+from ..base import BATCH_EVENTS, BATCH_SESSIONS
+from .common import _FN, Command, Plan, _number_text
+from .sessions import SessionPlans
+
+
+class RetentionPlans(SessionPlans):
+    """The plans that remove what a store keeps."""
+
+    def truncate(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Plan[int]:
+        """Remove old events in calls of at most BATCH_EVENTS, oldest first."""
+        rec, events, ids, times, _, positions, names = self.keys.session(
+            app_name, user_id, session_id
+        )
+        mode = ("before", _number_text(before)) if before is not None else ("keep", keep_last)
+        call = ("FCALL", _FN + "truncate", 6, rec, events, ids, times, positions, names,
+                *mode, BATCH_EVENTS)  # fmt: skip
+        removed = 0
+        while True:
+            (reply,) = yield [call]
+            gone = int(reply)
+            if gone < 0:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+                )
+            removed += gone
+            if gone < BATCH_EVENTS:
+                return removed
+
+    def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:
+        """Delete a user's sessions (only those idle since ``idle_before``, when given)."""
+        index = self.keys.user(app_name, user_id)[1]
+        if idle_before is None:
+            (sids,) = yield [("ZRANGE", index, 0, -1)]
+        else:
+            stop = "(" + _number_text(idle_before)
+            (sids,) = yield [("ZRANGE", index, "-inf", stop, "BYSCORE")]
+        removed = 0
+        extra = [] if idle_before is None else [_number_text(idle_before)]
+        for start in range(0, len(sids), BATCH_SESSIONS):
+            calls: list[Command] = [
+                ("FCALL", _FN + "delete", 8,
+                 *self.keys.session(app_name, user_id, sid.decode()), index, sid, *extra)
+                for sid in sids[start : start + BATCH_SESSIONS]
+            ]  # fmt: skip
+            removed += sum((yield calls))
+        return removed
+
+    def expire(self, app_name: str | None, idle_before: float) -> Plan[int]:
+        apps = [app_name] if app_name is not None else (yield from self._apps())
+        removed = 0
+        for app in apps:
+            for user in (yield from self._users(app)):
+                removed += yield from self._delete_sessions(app, user, idle_before)
+        return removed
+
+    def delete_user(self, app_name: str, user_id: str) -> Plan[int]:
+        # App deltas this user's appends left pending still belong to the app.
+        yield from self.topology.settle_user(app_name, user_id)
+        removed = yield from self._delete_sessions(app_name, user_id, None)
+        ustate, index, pend, counter = self.keys.user(app_name, user_id)
+        yield [
+            ("DEL", ustate, index, pend, counter),
+            ("ZREM", self.keys.app(app_name)[2], user_id),
+        ]
+        return removed
+
+    def delete_app(self, app_name: str) -> Plan[int]:
+        removed = 0
+        for user in (yield from self._users(app_name)):
+            removed += yield from self.delete_user(app_name, user)
+        app_state, applied, directory = self.keys.app(app_name)
+        yield [("DEL", app_state, applied, directory), ("SREM", self.keys.apps, app_name)]
+        return removed

@@ -1,0 +1,243 @@
+"""Run plans on redis-py clients: ``_SyncRunner`` on a sync one, ``_AsyncRunner`` on an asyncio one.
+
+A runner sends each round trip a plan yields (one command, or a pipeline),
+hands the replies back, loads the function library where the server has
+none, and maps every Redis failure to the ``StoreError`` a caller sees
+(``_failure``). A lost connection is retried once, with a logged backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from ...errors import StoreError
+from .. import redact
+from .common import Command, Plan, _library_code
+
+T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
+# What a Redis client raises: redis-py's cluster client also raises
+# RedisClusterException (no reachable node, cluster mode off), which is no RedisError.
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+def _failure(error: BaseException, where: str) -> StoreError:
+    """Return the StoreError a caller sees for a Redis failure."""
+    if isinstance(error, redis.exceptions.TimeoutError):
+        hint = f"{where} did not answer in time: check that it runs and is not overloaded"
+    elif isinstance(error, redis.exceptions.ConnectionError):
+        hint = f"cannot reach {where}: check that redis-server runs and the URI is right"
+    elif _out_of_memory(error):
+        # (redis-py's OutOfMemoryError drops the reply's "OOM" prefix.)
+        failure = StoreError(
+            f"Redis is out of memory: {redact(str(error))}",
+            hint="raise the server's maxmemory or free space, then retry (events already "
+            "stored answer as repeats); keep maxmemory-policy noeviction, so that nothing "
+            "stored is evicted",
+        )
+        failure.__cause__ = error
+        return failure
+    elif isinstance(error, redis.exceptions.RedisClusterException):
+        hint = (
+            f"no cluster at {where}: check that the nodes run with cluster-enabled yes "
+            "and that the URI names them (redis:// for a single server)"
+        )
+    else:
+        hint = "the server refused the command; what was stored before is intact"
+    failure = StoreError(f"Redis failed: {redact(str(error))}", hint=hint)
+    failure.__cause__ = error
+    return failure
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, redis.exceptions.OutOfMemoryError) or (
+        isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("OOM")
+    )
+
+
+def _missing_library(replies: Iterable[Any]) -> bool:
+    return any(_not_found(r) for r in replies)
+
+
+def _not_found(reply: Any) -> bool:
+    return isinstance(reply, redis.exceptions.ResponseError) and "Function not found" in str(reply)
+
+
+class _Tolerant(list[Command]):
+    """Commands of a plan that takes their error replies itself (a bulk append's calls).
+
+    The runner hands each error reply back in its place as the StoreError a
+    caller sees, and a call the server did not run for want of the function
+    library as ``_RELOADED``, after loading the library: the plan sends
+    again only what did not run. Other plans get the first error raised,
+    and every command sent again after a load (each is idempotent).
+    """
+
+
+# In place of a reply to a call that found no function library (see _Tolerant).
+_RELOADED = object()
+
+
+def _tolerated(replies: list[Any], reloaded: bool, where: str) -> list[Any]:
+    """Return the replies of ``_Tolerant`` commands as the plan takes them."""
+    return [
+        _RELOADED if reloaded and _not_found(reply)
+        else _failure(reply, where) if isinstance(reply, redis.exceptions.RedisError)
+        else reply
+        for reply in replies
+    ]  # fmt: skip
+
+
+class _LoggedBackoff(ExponentialBackoff):
+    """redis-py's exponential backoff, logging each retry (it is asked before each one)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(cap=0.2, base=0.02)
+        self.where = where
+
+    def compute(self, failures: int) -> float:
+        _log.info("lost the connection to the Redis server at %s: retrying", self.where)
+        return super().compute(failures)
+
+
+def _retry(where: str) -> Retry:
+    # A lost connection is retried once: every command a plan sends is
+    # idempotent (appends by event id, creates by session number). A timeout
+    # is not: a server that did not answer in ``timeout`` (stopped, or
+    # overloaded) would only make the caller wait a second full timeout.
+    return Retry(
+        _LoggedBackoff(where),
+        retries=1,
+        supported_errors=(redis.exceptions.ConnectionError,),
+    )
+
+
+class _SyncRunner:
+    """Run plans on a sync client."""
+
+    def __init__(self, client: Any, where: str, cluster: bool) -> None:
+        self.client = client
+        self.where = where
+        self.cluster = cluster
+
+    def run(self, plan: Plan[T]) -> T:
+        try:
+            commands = next(plan)
+            while True:
+                try:
+                    replies = self._execute(commands)
+                except StoreError as error:
+                    # Raised where the plan waits: a bulk append keeps what it took.
+                    commands = plan.throw(error)
+                else:
+                    commands = plan.send(replies)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def _execute(self, commands: list[Command]) -> list[Any]:
+        try:
+            replies = self._send(commands)
+            reloaded = _missing_library(replies)
+            if reloaded:
+                self.load_library()
+                if type(commands) is not _Tolerant:
+                    replies = self._send(commands)
+        except _REDIS_ERRORS as error:
+            raise _failure(error, self.where) from error
+        if type(commands) is _Tolerant:
+            return _tolerated(replies, reloaded, self.where)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise _failure(reply, self.where) from reply
+        return replies
+
+    def _send(self, commands: list[Command]) -> list[Any]:
+        if len(commands) == 1:
+            try:
+                return [self.client.execute_command(*commands[0])]
+            except redis.exceptions.ResponseError as error:
+                return [error]
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    def load_library(self) -> None:
+        _log.info("loading sessionscope's functions on %s (new, restarted or flushed)", self.where)
+        code = _library_code()
+        if self.cluster:
+            self.client.execute_command(
+                "FUNCTION LOAD", "REPLACE", code, target_nodes=self.client.PRIMARIES
+            )
+        else:
+            self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
+
+
+class _AsyncRunner:
+    """Run plans on an asyncio client."""
+
+    def __init__(self, client: Any, where: str, cluster: bool) -> None:
+        self.client = client
+        self.where = where
+        self.cluster = cluster
+
+    async def run(self, plan: Plan[T]) -> T:
+        try:
+            commands = next(plan)
+            while True:
+                try:
+                    replies = await self._execute(commands)
+                except StoreError as error:
+                    # Raised where the plan waits: a bulk append keeps what it took.
+                    commands = plan.throw(error)
+                else:
+                    commands = plan.send(replies)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def _execute(self, commands: list[Command]) -> list[Any]:
+        try:
+            replies = await self._send(commands)
+            reloaded = _missing_library(replies)
+            if reloaded:
+                await self.load_library()
+                if type(commands) is not _Tolerant:
+                    replies = await self._send(commands)
+        except _REDIS_ERRORS as error:
+            raise _failure(error, self.where) from error
+        except OSError as error:
+            raise _failure(redis.exceptions.ConnectionError(str(error)), self.where) from error
+        if type(commands) is _Tolerant:
+            return _tolerated(replies, reloaded, self.where)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise _failure(reply, self.where) from reply
+        return replies
+
+    async def _send(self, commands: list[Command]) -> list[Any]:
+        if len(commands) == 1:
+            try:
+                return [await self.client.execute_command(*commands[0])]
+            except redis.exceptions.ResponseError as error:
+                return [error]
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def load_library(self) -> None:
+        _log.info("loading sessionscope's functions on %s (new, restarted or flushed)", self.where)
+        code = _library_code()
+        if self.cluster:
+            await self.client.execute_command(
+                "FUNCTION LOAD", "REPLACE", code, target_nodes=self.client.PRIMARIES
+            )
+        else:
+            await self.client.execute_command("FUNCTION LOAD", "REPLACE", code)
