@@ -92,7 +92,8 @@ def _id_key(prefix: bytes, event_id: str) -> bytes:
 @cython.cfunc
 def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Any) -> cython.int:
     """Add the entries of state items stored under ``owner`` to ``puts``."""
-    puts.extend(item_entries(owner, items))
+    if items:
+        puts += item_entries(owner, items)
     return 0
 
 
@@ -222,7 +223,7 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
     record.last_update_time = timestamp
     record.last_event_id = request.event_id
     txn.put(key, pack(record.to_list()), db=dbs.sessions)
-    relist(txn, dbs.listing, record, key, old_time)
+    relist(txn, dbs.listing, record, app, key, old_time)
     marker: str = record.marker
     result = AppendResult(marker, timestamp)
     if not catching_up:
@@ -491,7 +492,7 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
         session.settle()
         record = session.record
         txn.put(session.key, pack(record.to_list()), db=sessions_db)
-        relist(txn, dbs.listing, record, session.key, session.old_time)
+        relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):

@@ -179,22 +179,22 @@ def list_key(record: SessionRecord) -> bytes:
     return app + sortable_time(record.last_update_time) + U64.pack(record.number)
 
 
-def relist(txn: Any, listing: Any, record: SessionRecord, key: bytes, old_time: float) -> None:
+def relist(
+    txn: Any, listing: Any, record: SessionRecord, app: bytes, key: bytes, old_time: float
+) -> None:
     """Move a session's list index entry from ``old_time`` to its last update time.
 
-    ``key`` is the session's record key, what the entry holds. Nothing to do
-    in format 1 (``listing`` is None).
+    ``app`` is the part of the session's app id, ``key`` its record key (what
+    the entry holds). Nothing to do in format 1 (``listing`` is None).
     """
     if listing is None:
         return
-    app = part(record.app_name)
     number = U64.pack(record.number)
     new = app + sortable_time(record.last_update_time) + number
     old = app + sortable_time(old_time) + number
-    if old == new:
-        return
-    txn.delete(old, db=listing)
-    txn.put(new, key, db=listing)
+    if old != new:
+        txn.delete(old, db=listing)
+        txn.put(new, key, db=listing)
 
 
 def list_new(txn: Any, listing: Any, record: SessionRecord, key: bytes) -> None:
@@ -244,7 +244,12 @@ def checked_record(data: bytes, app_name: str, user_id: str, session_id: str) ->
 
     Two ids keyed by one digest would share the key: the stored ids tell.
     """
-    record = decode_record(data, f"session {session_id!r} of user {user_id!r} in app {app_name!r}")
+    try:
+        record = SessionRecord.from_list(unpack(data))
+    except Exception:
+        # Decoded again for the error: the message is only built when it is needed.
+        decode_record(data, f"session {session_id!r} of user {user_id!r} in app {app_name!r}")
+        raise
     if record.app_name != app_name or record.user_id != user_id or record.session_id != session_id:
         raise StoreError("two session ids share a digest", hint="report this as a bug")
     return record
@@ -259,13 +264,15 @@ def put_record(txn: Any, dbs: Databases, record: SessionRecord) -> None:
 # -- state -------------------------------------------------------------------
 
 
-def item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
-    """Yield the entries of state items stored under ``owner``."""
+def item_entries(owner: bytes, items: Items) -> list[tuple[bytes, bytes]]:
+    """Return the entries of state items stored under ``owner``."""
+    entries = []
     for key, value in items:
         key_part: bytes = part(key)
         if key_part[:2] == DIGEST_MARK:
             value = pack([key, value])
-        yield owner + key_part, value
+        entries.append((owner + key_part, value))
+    return entries
 
 
 def put_items(txn: Any, handle: Any, owner: bytes, items: Items) -> None:
