@@ -255,6 +255,21 @@ def checked_record(data: bytes, app_name: str, user_id: str, session_id: str) ->
     return record
 
 
+def records_under(txn: Any, dbs: Databases, prefix: bytes) -> list[SessionRecord]:
+    """Return the records of the sessions whose keys start with ``prefix``, in key order."""
+    cursor = txn.cursor(db=dbs.sessions)
+    records: list[SessionRecord] = []
+    if not cursor.set_range(prefix):
+        return records
+    add, record_of = records.append, SessionRecord
+    # One record per session of the app: the loop is the whole listing's cost.
+    for key, value in cursor.iternext():
+        if not key.startswith(prefix):
+            break
+        add(record_of(*unpack(value)))
+    return records
+
+
 def put_record(txn: Any, dbs: Databases, record: SessionRecord) -> None:
     """Write a session's record under its key."""
     key = session_key(record.app_name, record.user_id, record.session_id)

@@ -15,7 +15,6 @@ import errno
 import fcntl
 import os
 import shutil
-import struct
 import sys
 import tempfile
 from array import array
@@ -59,6 +58,7 @@ from .opening import (
     check_format,
     check_store_files,
     lmdb_failure,
+    lock_holder,
     open_failure,
     path_uri,
     probe,
@@ -525,11 +525,7 @@ def _lock_holder(fd: int) -> int | None:
     """Return the pid of a process holding LMDB's lock, where the platform tells it."""
     if sys.platform != "linux":
         return None
-    # struct flock on Linux: short type, short whence, off_t start, off_t len, pid_t pid.
-    layout = struct.Struct("hhqqi4x")
     try:
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, layout.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+        return lock_holder(fd, 1)
     except OSError:
         return None
-    kind, _, _, _, pid = layout.unpack(answer)
-    return int(pid) if kind != fcntl.F_UNLCK else None

@@ -48,6 +48,7 @@ __all__ = [
     "forked_error",
     "in_use",
     "lmdb_failure",
+    "lock_holder",
     "open_adopting",
     "open_failure",
     "path_uri",
@@ -351,6 +352,17 @@ def check_options(
 _FLOCK = struct.Struct("@hhqqi4x")
 
 
+def lock_holder(fd: int, length: int = 0) -> int | None:
+    """Return the pid of a process holding a lock on ``length`` bytes (0: all) of ``fd``.
+
+    None when no process holds one. Asked with F_GETLK, which changes no lock
+    and no byte; Linux only (the layout of the query), OSError where it fails.
+    """
+    answer = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, length, 0))
+    kind, _, _, _, pid = _FLOCK.unpack(answer)
+    return int(pid) if kind != fcntl.F_UNLCK else None
+
+
 def in_use(lock_file: Path) -> bool:
     """Tell whether another process has the store open (holds a lock on lock.mdb).
 
@@ -366,9 +378,7 @@ def in_use(lock_file: Path) -> bool:
     except OSError:
         return True
     try:
-        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
-        return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+        return lock_holder(fd) is not None
     except OSError:
         return True
     finally:

@@ -27,7 +27,6 @@ from itertools import islice, pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ...codec import unpack
 from ...core import compiled_or_twin
 from ...errors import AlreadyExistsError, CorruptStoreError, SessionscopeError
 from ..base import (
@@ -79,6 +78,7 @@ from .layout import (
     raw_names,
     read_map,
     read_record,
+    records_under,
     session_key,
     sortable_time,
     unique_part,
@@ -298,18 +298,7 @@ class LmdbStore:
         prefix = part(app_name) + (part(user_id) if user_id is not None else b"")
 
         def scan(txn: Any) -> list[SessionRecord]:
-            dbs = self._writer.dbs
-            cursor = txn.cursor(db=dbs.sessions)
-            records: list[SessionRecord] = []
-            if not cursor.set_range(prefix):
-                return records
-            add, record_of = records.append, SessionRecord
-            # One record per session of the app: the loop is the whole listing's cost.
-            for key, value in cursor.iternext():
-                if not key.startswith(prefix):
-                    break
-                add(record_of(*unpack(value)))
-            return records
+            return records_under(txn, self._writer.dbs, prefix)
 
         return self._writer.read(scan)
 
