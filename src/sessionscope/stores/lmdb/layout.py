@@ -24,8 +24,8 @@ delete is one range. State is one record per key, so an append writes only
 the keys its delta touches. A state key stored under a digest keeps its full
 text in the value (``[key, packed value]``).
 
-The compiled append path (``_append``) imports what it needs from here; the
-few steps it runs on every append are also written inline there.
+The store, retention, maintenance and the compiled append path (``_append``)
+all import from here: nothing else builds a key or decodes a record.
 """
 
 from __future__ import annotations
@@ -64,6 +64,22 @@ F64 = Struct(">d")
 def db_names(version: int) -> tuple[bytes, ...]:
     """Return the named databases a store of ``version`` holds."""
     return DB_NAMES if version == 1 else (*DB_NAMES, LISTING)
+
+
+def format_record(version: int) -> bytes:
+    """Return the value of meta's b"format": the version byte, then the packed header.
+
+    ``opening.check_format`` reads it back, and refuses what it cannot read.
+    """
+    return bytes([version]) + pack({"magic": MAGIC, "format": version})
+
+
+def take_number(txn: Any, meta: Any) -> int:
+    """Return the next session number, and count it as taken (numbers are never reused)."""
+    (number,) = U64.unpack(txn.get(NUMBER_KEY, db=meta))
+    txn.put(NUMBER_KEY, U64.pack(number + 1), db=meta)
+    result: int = number
+    return result
 
 
 class Databases:

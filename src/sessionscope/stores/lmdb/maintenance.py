@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ...admin.outfile import create_exclusive, remove_own
-from ...codec import decode_event, pack
+from ...codec import decode_event
 from ...errors import IncompatibleStoreError, StoreError, UnsafeStoreError
 from ..base import SessionRecord
 from .layout import (
@@ -39,7 +39,6 @@ from .layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
     LISTING,
-    MAGIC,
     MAX_DBS,
     NUMBER_KEY,
     PURGE,
@@ -49,6 +48,7 @@ from .layout import (
     after,
     decode_record,
     encode_record,
+    format_record,
     list_key,
     part,
     sortable_time,
@@ -444,8 +444,7 @@ def _upgrade_to_2(env: Any) -> None:
             record.time_indexed = True
             txn.put(key, encode_record(record), db=sessions)
             txn.put(list_key(record), key, db=listing)
-        header = {"magic": MAGIC, "format": 2}
-        txn.put(FORMAT_KEY, bytes([2]) + pack(header), db=meta)
+        txn.put(FORMAT_KEY, format_record(2), db=meta)
 
 
 def _label(record: SessionRecord) -> str:

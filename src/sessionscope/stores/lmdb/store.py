@@ -61,13 +61,13 @@ from .layout import (
     EVENT_TIME,
     F64,
     FORMAT_VERSION,
-    NUMBER_KEY,
     STATE,
     U64,
     USER,
     Databases,
     after,
     decode_record,
+    event_value,
     item_entries_of,
     list_new,
     loaded,
@@ -81,6 +81,7 @@ from .layout import (
     records_under,
     session_key,
     sortable_time,
+    take_number,
     unique_part,
     unlist,
 )
@@ -212,8 +213,7 @@ class LmdbStore:
             if read_record(txn, dbs, app_name, user_id, session_id) is not None:
                 raise AlreadyExistsError(f"session {session_id!r} already exists")
             meta = dbs.meta
-            (number,) = U64.unpack(txn.get(NUMBER_KEY, db=meta))
-            txn.put(NUMBER_KEY, U64.pack(number + 1), db=meta)
+            number = take_number(txn, meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
             put_record(txn, dbs, record)
             list_new(
@@ -498,7 +498,7 @@ class LmdbStore:
         entries = [
             (
                 U64.pack(seq),
-                F64.pack(event.timestamp) + event.record,
+                event_value(event.timestamp, event.record),
                 unique_part(event.event_id),
                 sortable_time(event.timestamp),
             )
@@ -515,8 +515,7 @@ class LmdbStore:
                     f"session {copy.session_id!r} already exists with other content"
                 )
             meta = dbs.meta
-            (number,) = U64.unpack(txn.get(NUMBER_KEY, db=meta))
-            txn.put(NUMBER_KEY, U64.pack(number + 1), db=meta)
+            number = take_number(txn, meta)
             last = copy.events[-1].event_id if copy.events else None
             stamps = [event.timestamp for event in copy.events]
             # In time order, and no later than the record's time: no time index (format 2).

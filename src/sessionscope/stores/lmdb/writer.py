@@ -34,19 +34,18 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import lmdb
 
-from ...codec import pack
 from ...core import compiled_or_twin
 from ...errors import IncompatibleStoreError, StoreClosedError, StoreError, UnsafeStoreError
 from ..base import Completion, Pending, finish_all
 from .layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
-    MAGIC,
     MAX_DBS,
     NUMBER_KEY,
     U64,
     Databases,
     db_names,
+    format_record,
 )
 from .opening import (
     INHERITED,
@@ -296,9 +295,8 @@ class Writer:
                     else:
                         version = FORMAT_VERSION
                         handles = {name: env.open_db(name, txn=txn) for name in db_names(version)}
-                        header = {"magic": MAGIC, "format": FORMAT_VERSION}
                         meta = handles[b"meta"]
-                        txn.put(FORMAT_KEY, bytes([FORMAT_VERSION]) + pack(header), db=meta)
+                        txn.put(FORMAT_KEY, format_record(FORMAT_VERSION), db=meta)
                         txn.put(NUMBER_KEY, U64.pack(1), db=meta)
                 except BaseException:
                     txn.abort()
