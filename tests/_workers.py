@@ -275,7 +275,7 @@ def read_then(path: str, sid: str, how: str) -> None:
             os._exit(0)
         raise SystemExit(0)
 
-    store._read(inside)
+    store._writer.read(inside)
 
 
 def open_many(path: str, seconds: str) -> None:
@@ -347,9 +347,9 @@ def hold_write_lock(path: str, release: str, seconds: str) -> None:
 def hold_store_writer_lock(path: str, release: str, seconds: str) -> None:
     """Hold a store's writer lock, as a writer about to begin does, until a file appears."""
     store = LmdbStore(path, durability="deferred")
-    store._writer_lock.acquire()
+    store._writer.writer_lock.acquire()
     _hold_until(release, seconds)
-    store._writer_lock.release()
+    store._writer.writer_lock.release()
     store.close()
 
 

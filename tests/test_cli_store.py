@@ -711,6 +711,30 @@ def test_compact_shrinks_a_store_after_most_sessions_went(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_sole_user_refuses_while_another_process_has_the_store_open(store_path: Path) -> None:
+    """The exclusive lock the import, compact and upgrade commands take is maintenance's."""
+    from sessionscope.errors import StoreError
+    from sessionscope.stores.lmdb.maintenance import sole_user
+
+    holder = spawn("hold", str(store_path))
+    try:
+        assert Lines(holder.stdout).take() == "ready"  # type: ignore[arg-type]
+        before = (store_path / "data.mdb").read_bytes()
+        refused = pytest.raises(StoreError, match=rf"open in another process \(pid {holder.pid}\)")
+        with refused, sole_user(store_path, "compact"):
+            raise AssertionError("the lock was taken while another process holds the store")
+        assert (store_path / "data.mdb").read_bytes() == before
+    finally:
+        stop(holder)
+    with sole_user(store_path, "compact"):
+        pass
+    # Taken alone, the lock leaves the lock table emptied for the next process to build.
+    assert (store_path / "lock.mdb").stat().st_size == 0
+    store = LmdbStore(store_path)
+    store.close()
+
+
+@pytest.mark.slow
 def test_compact_refuses_while_another_process_has_the_store_open(store_path: Path) -> None:
     holder = spawn("hold", str(store_path))
     try:

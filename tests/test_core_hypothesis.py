@@ -445,7 +445,7 @@ def test_timed_record_agrees_and_puts_the_time_first(timestamp: Any, record: Any
 )
 def test_sized_key_agrees_and_is_the_stores_key_part(prefix: bytes, text: str, limit: int) -> None:
     """Both builds give the prefix and the store's key part of short text, None past the limit."""
-    from sessionscope.stores.lmdb._append import unique_part
+    from sessionscope.stores.lmdb.layout import unique_part
 
     kind, key = _agree("sized_key", prefix, text, limit)
     if type(text) is not str:

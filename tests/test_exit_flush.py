@@ -21,7 +21,7 @@ import pytest
 
 from _stores import APP, USER, child_env
 from sessionscope import LmdbStore, SyncSessionService
-from sessionscope.stores.lmdb import store as lmdb_store
+from sessionscope.stores.lmdb import writer as lmdb_writer
 
 EVENTS = 5
 SYNCED = "synced the deferred store at"
@@ -111,11 +111,11 @@ def test_only_open_deferred_stores_are_kept_for_the_exit(tmp_path: Path) -> None
     deferred = LmdbStore(tmp_path / "deferred", durability="deferred")
     durable = LmdbStore(tmp_path / "durable")
     try:
-        assert deferred in lmdb_store._deferred_open
-        assert durable not in lmdb_store._deferred_open
+        assert deferred._writer in lmdb_writer._deferred_open
+        assert durable._writer not in lmdb_writer._deferred_open
     finally:
         deferred.close()
         durable.close()
-    assert deferred not in lmdb_store._deferred_open
+    assert deferred._writer not in lmdb_writer._deferred_open
     # A closed store left in a handler's way is skipped, not reopened or raised on.
-    lmdb_store._flush_at_exit()
+    lmdb_writer._flush_at_exit()

@@ -13,6 +13,7 @@ import pytest
 import sessionscope.core
 import sessionscope.service.facade
 import sessionscope.stores.lmdb.store
+import sessionscope.stores.lmdb.writer
 from _children import python_output, run_python
 
 # Every module compiled from annotated Python, by source name.
@@ -32,8 +33,8 @@ HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT
 # What the child prints: the build each module of the hot path runs.
 SHOW = (
     "import sessionscope.service.facade as s, sessionscope.stores.lmdb.store as l, "
-    "sessionscope.core as c; "
-    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, l._locks.__name__, "
+    "sessionscope.stores.lmdb.writer as w, sessionscope.core as c; "
+    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, w._locks.__name__, "
     "*sorted(c.IMPLEMENTATIONS.items()))"
 )
 
@@ -60,7 +61,8 @@ def test_this_process_runs_what_it_says() -> None:
     assert sessionscope.service.facade._hot.__name__ == HOT_PATH[0] + suffix
     assert sessionscope.stores.lmdb.store._hot.__name__ == HOT_PATH[1] + suffix
     assert sessionscope.service.facade._listing.__name__ == HOT_PATH[2] + suffix
-    assert sessionscope.stores.lmdb.store._locks.__name__ == HOT_PATH[3] + suffix
+    assert sessionscope.stores.lmdb.writer._hot.__name__ == HOT_PATH[1] + suffix
+    assert sessionscope.stores.lmdb.writer._locks.__name__ == HOT_PATH[3] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import sessionscope.service.facade
 import sessionscope.stores.lmdb.store
+import sessionscope.stores.lmdb.writer
 from sessionscope.errors import SessionscopeError
 from sessionscope.model import Event, EventActions
 from sessionscope.service import SyncSessionService
@@ -89,20 +90,24 @@ steps = st.tuples(
 
 @contextmanager
 def _running(service_build: ModuleType, store_build: ModuleType) -> Iterator[None]:
-    saved = sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot
+    lmdb_modules = (sessionscope.stores.lmdb.store, sessionscope.stores.lmdb.writer)
+    saved = sessionscope.service.facade._hot, [module._hot for module in lmdb_modules]
     sessionscope.service.facade._hot = service_build  # type: ignore[assignment]
-    sessionscope.stores.lmdb.store._hot = store_build  # type: ignore[assignment]
+    for module in lmdb_modules:
+        module._hot = store_build  # type: ignore[assignment]
     try:
         yield
     finally:
-        sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot = saved
+        sessionscope.service.facade._hot = saved[0]
+        for module, build in zip(lmdb_modules, saved[1], strict=True):
+            module._hot = build
 
 
 def _dump(store: LmdbStore) -> dict[bytes, list[tuple[bytes, bytes]]]:
-    with store._env.begin() as txn:
+    with store._writer.env.begin() as txn:
         return {
             name: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=handle)]
-            for name, handle in sorted(store._dbs.items())
+            for name, handle in sorted(store._writer.dbs.items())
         }
 
 

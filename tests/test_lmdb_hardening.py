@@ -16,7 +16,7 @@ from _stores import APP, USER, ev, snapshot_dir
 from sessionscope import GetSessionConfig, LmdbStore, SyncSessionService, open_store
 from sessionscope.codec import pack
 from sessionscope.errors import CorruptStoreError, StoreError, UnsafeStoreError
-from sessionscope.stores.lmdb import store as lmdb_module
+from sessionscope.stores.lmdb import opening as lmdb_opening
 
 
 def _filled_store(path: Path, events: int = 50, durability: str = "sync") -> str:
@@ -308,7 +308,7 @@ def test_an_unreadable_format_record_is_called_corrupt(tmp_path: Path) -> None:
 def test_each_lmdb_failure_gets_the_hint_of_its_cause(
     error: lmdb.Error, kind: type[StoreError], words: str
 ) -> None:
-    failure = lmdb_module._lmdb_failure("writing to the store", error)
+    failure = lmdb_opening.lmdb_failure("writing to the store", error)
     assert type(failure) is kind
     assert failure.hint is not None and words in failure.hint
     assert failure.__cause__ is error

@@ -89,7 +89,7 @@ def test_map_growth_is_logged_with_its_sizes(
         assert all(later[0] == earlier[1] for earlier, later in pairwise(sizes))
         assert sizes[-1][1] == store.stat()["map_size"]
         assert all(
-            r.name == "sessionscope.stores.lmdb.store" and r.levelno == logging.INFO for r in grown
+            r.name == "sessionscope.stores.lmdb.writer" and r.levelno == logging.INFO for r in grown
         )
         assert str(path) in grown[0].getMessage()
     finally:

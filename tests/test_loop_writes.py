@@ -67,10 +67,10 @@ def test_the_loop_runs_while_a_thread_of_its_process_holds_the_lock(tmp_path: Pa
 
     def hold() -> None:
         # What a thread in the middle of its own write holds.
-        store._writer_lock.acquire()
+        store._writer.writer_lock.acquire()
         holding.set()
         release.wait(30)
-        store._writer_lock.release()
+        store._writer.writer_lock.release()
 
     holder = threading.Thread(target=hold)
     try:

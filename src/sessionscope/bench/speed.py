@@ -264,7 +264,8 @@ class _RecordingStore(LmdbStore):
     def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
         if not hasattr(self, "shapes"):
             self.shapes = []
-        recorder = _TxnRecorder(txn, {id(handle): name for name, handle in self._dbs.items()})
+        names = {id(handle): name for name, handle in self._writer.dbs.items()}
+        recorder = _TxnRecorder(txn, names)
         result = super()._append(recorder, request)
         self.shapes.append(recorder.ops)
         return result

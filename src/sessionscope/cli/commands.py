@@ -730,7 +730,7 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
     """
     import lmdb
 
-    from ..stores.lmdb.store import _sole_user
+    from ..stores.lmdb.maintenance import sole_user
 
     if last_write is None or not (path / "data.mdb").is_file():
         # Nothing of a store was made (or it cannot be told whose it is).
@@ -738,7 +738,7 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
             path.rmdir()
         return
     try:
-        with _sole_user(path, "import"):
+        with sole_user(path, "import"):
             env = lmdb.open(str(path), readonly=True, lock=False)
             try:
                 untouched = env.info()["last_txnid"] == last_write

@@ -1,42 +1,38 @@
-"""The LMDB store's append bodies (one event, or a batch), and one write's own transaction.
+"""The LMDB store's append bodies (one event, or a batch), and a commit's common path.
 
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
 compiles this file a second time as ``sessionscope.stores.lmdb._append_c``,
 and this module stays importable as it is, the twin that runs where nothing
 was compiled (``sessionscope.core.compiled_or_twin`` picks one). The store
-(``store.py``) keeps the lifecycle, locking, group commit and errors; it calls
-these functions inside its transactions and hands them itself, whose handles
-(``_sessions``, ``_shared``, ``_data``, ``_listing``) and format they read.
+calls these functions inside its transactions and hands them its database
+handles (``layout.Databases``); the writer hands ``commit`` itself.
 
 Only what every append runs is here: the keys of its entries, the session
-record's read, check and write, and the list index move; and the common
-path of a single write's transaction (``write_alone``). A rare step (the
-first event out of time order, a locked append's catch-up, a write that
-fails) goes back to the store.
+record's read, check and write, and the list index move; and a commit's
+transaction (``commit``). Keys and values are built by ``layout``, the one
+place that says what the store holds; a rare step (the first event out of
+time order, a locked append's catch-up) is a ``layout`` function too.
 """
 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
-from hashlib import blake2b
-from struct import Struct
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from ..._speedups import _no_cython as cython
     from ..base import Items
+    from .writer import Writer
 else:
     try:
         import cython
     except ImportError:  # a pure install runs without Cython
         from ..._speedups import _no_cython as cython
 
-from ...codec import pack, unpack
-from ...core import sized_key, timed_record
-from ...errors import CorruptStoreError, StoreError
+from ...codec import pack
+from ...core import sized_key
 from ..base import (
     AppendBatch,
     AppendRequest,
@@ -49,50 +45,34 @@ from ..base import (
     check_append,
     events_seen,
 )
+from .layout import (
+    APP,
+    EVENT,
+    EVENT_ID,
+    EVENT_TIME,
+    RAW_PART_LIMIT,
+    STATE,
+    U64,
+    USER,
+    Databases,
+    checked_record,
+    event_value,
+    events,
+    item_entries,
+    loaded,
+    part,
+    relist,
+    sortable_time,
+    start_time_index,
+    unique_part,
+)
 
-__all__ = [
-    "append_batch",
-    "append_one",
-    "event_entries",
-    "in_time_order",
-    "item_entries",
-    "list_key",
-    "part",
-    "read_record",
-    "sortable_time",
-    "unique_part",
-    "write_alone",
-]
+__all__ = ["LockFileReplaced", "append_batch", "append_one", "commit"]
 
-_APP, _USER = b"a", b"u"
-_EVENT, _EVENT_ID, _EVENT_TIME, _STATE = b"e", b"i", b"t", b"s"
-_RAW_PART_LIMIT = 150
-_DIGEST_MARK = b"\xff\xff"
-_U64 = Struct(">Q")
-_F64 = Struct(">d")
-# The two-byte size in front of a raw key part, made once for every size it can have.
-_SIZES: list[bytes] = [size.to_bytes(2, "big") for size in range(_RAW_PART_LIMIT + 1)]
 # The 8-byte positions of a session's first events, made once: a batch takes
 # its events' positions from here rather than packing each.
 _SEQ_TABLE = 4096
-_SEQS: list[bytes] = [_U64.pack(seq) for seq in range(_SEQ_TABLE)]
-
-
-def unique_part(text: str) -> bytes:
-    """Return the key part of an id: self-delimiting, so parts concatenate safely."""
-    found: bytes = _id_part(text)
-    return found
-
-
-@cython.cfunc
-def _id_part(text: str) -> bytes:
-    """Return ``unique_part(text)``: a C call from this module's compiled build."""
-    raw: bytes = text.encode()
-    size: cython.Py_ssize_t = len(raw)
-    if size <= _RAW_PART_LIMIT:
-        short: bytes = _SIZES[size] + raw
-        return short
-    return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+_SEQS: list[bytes] = [U64.pack(seq) for seq in range(_SEQ_TABLE)]
 
 
 @cython.cfunc
@@ -102,126 +82,30 @@ def _id_key(prefix: bytes, event_id: str) -> bytes:
     The common id's key is made in one allocation; a long id (stored under a
     digest) or a str subclass takes unique_part's way.
     """
-    made: Any = sized_key(prefix, event_id, _RAW_PART_LIMIT)
+    made: Any = sized_key(prefix, event_id, RAW_PART_LIMIT)
     if made is None:
-        made = prefix + _id_part(event_id)
+        made = prefix + unique_part(event_id)
     key: bytes = made
     return key
 
 
 @cython.cfunc
-def _stored_value(timestamp: float, record: Any) -> bytes:
-    """Return an event's stored value: its time (8 bytes, big-endian), then its record.
-
-    In one allocation for a bytes record; another buffer type is joined.
-    """
-    if type(record) is bytes:
-        stamped: bytes = timed_record(float(timestamp), record)
-        return stamped
-    joined: bytes = _F64.pack(timestamp) + record
-    return joined
-
-
-# App, user, session ids and state keys recur from call to call: remember their
-# parts. Event ids never recur, so they take unique_part and stay out of the cache.
-part: Callable[[str], bytes] = lru_cache(maxsize=4096)(unique_part)
-
-
-def sortable_time(timestamp: float) -> bytes:
-    """Return 8 bytes that sort as the float does (negatives included)."""
-    # -0.0 + 0.0 is 0.0: the two zeros compare equal, so they must sort equal.
-    (bits,) = _U64.unpack(_F64.pack(timestamp + 0.0))
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
-    result: bytes = _U64.pack(bits)
-    return result
-
-
-def item_entries(owner: bytes, items: Items) -> Iterator[tuple[bytes, bytes]]:
-    """Yield the entries of state items stored under ``owner``."""
-    for key, value in items:
-        key_part: bytes = part(key)
-        if key_part[:2] == _DIGEST_MARK:
-            value = pack([key, value])
-        yield owner + key_part, value
-
-
-@cython.cfunc
 def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Any) -> cython.int:
     """Add the entries of state items stored under ``owner`` to ``puts``."""
-    for key, value in items:
-        key_part: bytes = part(key)
-        if key_part[:2] == _DIGEST_MARK:
-            value = pack([key, value])
-        puts.append((owner + key_part, value))
+    if items:
+        puts += item_entries(owner, items)
     return 0
-
-
-def event_entries(
-    number: bytes, id_key: bytes, record: SessionRecord, request: AppendRequest, timed: bool
-) -> tuple[tuple[bytes, bytes], ...]:
-    """Return the data entries of an event appended as the session's next one.
-
-    The record (after its timestamp, which an ``after_timestamp`` read checks
-    first), its id index entry and, when the session keeps one (``timed``),
-    its time index entry.
-    """
-    seq: bytes = _U64.pack(record.event_count)
-    timestamp: float = request.timestamp
-    entries = (
-        (number + _EVENT + seq, _stored_value(timestamp, request.event)),
-        (id_key, seq),
-    )
-    if not timed:
-        return entries
-    return (*entries, (number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
-
-
-def in_time_order(record: SessionRecord, timestamp: float) -> bool:
-    """Return whether an event at ``timestamp`` keeps the session's events in time order.
-
-    ``last_update_time`` is the last event's time, or later (a restored
-    session whose copy said so): comparing with it never misses a step back.
-    """
-    return not record.stored_count or timestamp >= record.last_update_time
-
-
-def list_key(record: SessionRecord) -> bytes:
-    """Return the list index key of a session: app, last update time, number.
-
-    Within one time the order of the numbers is not the listing order; a
-    page sorts each run of equal times by its ids (see ``LmdbStore.list_page``).
-    """
-    app: bytes = part(record.app_name)
-    return app + sortable_time(record.last_update_time) + _U64.pack(record.number)
-
-
-def read_record(
-    txn: Any, store: Any, app_name: str, user_id: str, session_id: str
-) -> SessionRecord | None:
-    """Return a session's record, or None: the store's own reads outside an append."""
-    key = part(app_name) + part(user_id) + part(session_id)
-    found: SessionRecord | None = _read_record(txn, store, key, app_name, user_id, session_id)
-    return found
 
 
 @cython.cfunc
 def _read_record(
-    txn: Any, store: Any, key: bytes, app_name: str, user_id: str, session_id: str
+    txn: Any, dbs: Databases, key: bytes, app_name: str, user_id: str, session_id: str
 ) -> Any:
     """Return the session record stored under ``key``, or None."""
-    data = txn.get(key, db=store._sessions)
+    data = txn.get(key, db=dbs.sessions)
     if data is None:
         return None
-    try:
-        record = SessionRecord.from_list(unpack(data))
-    except Exception as error:
-        raise CorruptStoreError(
-            f"the record of session {session_id!r} of user {user_id!r} in app "
-            f"{app_name!r} is unreadable"
-        ) from error
-    if record.app_name != app_name or record.user_id != user_id or record.session_id != session_id:
-        raise StoreError("two session ids share a digest", hint="report this as a bug")
-    return record
+    return checked_record(data, app_name, user_id, session_id)
 
 
 @cython.cfunc
@@ -230,88 +114,76 @@ def _stored_event(txn: Any, data_db: Any, number: bytes, id_key: bytes) -> Any:
     seq = txn.get(id_key, db=data_db)
     if seq is None:
         return None
-    stored: bytes = txn.get(number + _EVENT + seq, db=data_db)
+    stored: bytes = txn.get(number + EVENT + seq, db=data_db)
     return stored[8:]
 
 
-@cython.cfunc
-def _relist(txn: Any, store: Any, record: Any, app: bytes, key: bytes, old_time: float) -> None:
-    """Move a session's list index entry from ``old_time`` to its last update time."""
-    listing = store._listing
-    if listing is None:
-        return
-    number: bytes = _U64.pack(record.number)
-    new: bytes = app + sortable_time(record.last_update_time) + number
-    old: bytes = app + sortable_time(old_time) + number
-    if old == new:
-        return
-    txn.delete(old, db=listing)
-    txn.put(new, key, db=listing)
+class LockFileReplaced(Exception):
+    """The store's lock file is no longer the one it opened: nothing was written."""
 
 
-def write_alone(store: Any, action: Callable[[Any], Any]) -> tuple[bool, Any] | None:
-    """Run one write in a transaction of its own, on the common path only.
+def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
+    """Run writes in one write transaction and commit it; return each write's outcome.
 
-    Called holding the store's writer lock. Return ``(True, result)`` once
-    committed, or None at anything out of the ordinary (the lock file
-    replaced, the store closing, a begin, write or commit that fails): the
-    store then runs the write on its full path (``LmdbStore._run_writes``),
-    which recovers or reports. Running it again is safe: nothing was
-    committed, and every write checks before it writes. Compiled, this
-    saves a single write the Python frames of that full path.
+    Called holding the writer lock. What fails is raised, nothing committed:
+    ``LockFileReplaced``, LMDB's errors, or a write's own error; the writer
+    (``Writer.run_writes``) recovers or reports. A begin that fails is
+    retried through ``Writer.begin``, which adopts a map another process
+    grew and says when the store closed. Compiled, this saves every write
+    the Python frames of that path.
     """
     try:
-        lock_file = os.stat(store._lock_name)
+        lock_file = os.stat(writer.lock_name)
     except OSError:
-        return None
-    if (lock_file.st_dev, lock_file.st_ino) != store._lock_id:
-        return None
-    gate = store._gate
+        raise LockFileReplaced from None
+    if (lock_file.st_dev, lock_file.st_ino) != writer.lock_id:
+        raise LockFileReplaced
+    gate = writer.gate
     gate.__enter__()
     try:
-        if store._released:
-            return None
+        txn = None
+        if not writer.released:
+            try:
+                txn = writer.env.begin(write=True)
+            except Exception:
+                txn = None
+        if txn is None:
+            txn = writer.begin(write=True)
         try:
-            txn = store._env.begin(write=True)
-        except Exception:
-            return None
-        try:
-            result = action(txn)
-        except Exception:
-            txn.abort()
-            return None
+            # One write is the common case: no comprehension's frame for it.
+            if len(actions) == 1:
+                outcomes = [(True, actions[0](txn))]
+            else:
+                outcomes = [(True, action(txn)) for action in actions]
         except BaseException:
             txn.abort()
             raise
-        try:
-            # LMDB frees the transaction whether the commit succeeds or not.
-            txn.commit()
-        except Exception:
-            return None
+        # LMDB frees the transaction whether the commit succeeds or not.
+        txn.commit()
     finally:
         gate.__exit__()
-    store._dirty = True
-    return (True, result)
+    writer.dirty = True
+    return outcomes
 
 
-def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
+def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult:
     """Append one event: check, write its entries, update the session record."""
     app_name: str = request.app_name
     user_id: str = request.user_id
     app: bytes = part(app_name)
     user: bytes = part(user_id)
     key: bytes = app + user + part(request.session_id)
-    record = _read_record(txn, store, key, app_name, user_id, request.session_id)
-    data_db = store._data
+    record = _read_record(txn, dbs, key, app_name, user_id, request.session_id)
+    data_db = dbs.data
     stored = None
     number: bytes = b""
     id_key: bytes = b""
     if record is not None:
-        number = _U64.pack(record.number)
-        id_key = _id_key(number + _EVENT_ID, request.event_id)
+        number = U64.pack(record.number)
+        id_key = _id_key(number + EVENT_ID, request.event_id)
         stored = _stored_event(txn, data_db, number, id_key)
     if stored is not None:
-        return _repeat(store, txn, record, request, stored, number, id_key)
+        return _repeat(dbs, txn, record, request, stored, number, id_key)
     if check_append(record, request, None) is not None:
         return AppendResult(None, duplicate=True)
     known = None
@@ -321,46 +193,46 @@ def append_one(store: Any, txn: Any, request: AppendRequest) -> AppendResult:
     count_before: int = record.event_count
     puts: list[tuple[bytes, bytes]] = []
     if request.app_items or request.user_items:
-        shared_db = store._shared
-        _add_items(puts, _APP + app, request.app_items)
-        _add_items(puts, _USER + app + user, request.user_items)
+        shared_db = dbs.shared
+        _add_items(puts, APP + app, request.app_items)
+        _add_items(puts, USER + app + user, request.user_items)
         for entry_key, value in puts:
             txn.put(entry_key, value, db=shared_db)
         puts.clear()
     if request.session_items:
-        _add_items(puts, number + _STATE, request.session_items)
+        _add_items(puts, number + STATE, request.session_items)
     timestamp: float = request.timestamp
-    timed: cython.bint = store.format == 1 or record.time_indexed
+    timed: cython.bint = dbs.format == 1 or record.time_indexed
     # Out of time order (see in_time_order): the session needs a time index from now on.
     if (
         not timed
         and record.event_count != record.removed_count
         and (timestamp < record.last_update_time)
     ):
-        store._start_time_index(txn, record)
+        start_time_index(txn, dbs, record)
         timed = True
-    seq: bytes = _U64.pack(count_before)
-    puts.append((number + _EVENT + seq, _stored_value(timestamp, request.event)))
+    seq: bytes = U64.pack(count_before)
+    puts.append((number + EVENT + seq, event_value(timestamp, request.event)))
     puts.append((id_key, seq))
     if timed:
-        puts.append((number + _EVENT_TIME + sortable_time(timestamp) + seq, b""))
+        puts.append((number + EVENT_TIME + sortable_time(timestamp) + seq, b""))
     for entry_key, value in puts:
         txn.put(entry_key, value, db=data_db)
     old_time: float = record.last_update_time
     record.event_count = count_before + 1
     record.last_update_time = timestamp
     record.last_event_id = request.event_id
-    txn.put(key, pack(record.to_list()), db=store._sessions)
-    _relist(txn, store, record, app, key, old_time)
+    txn.put(key, pack(record.to_list()), db=dbs.sessions)
+    relist(txn, dbs.listing, record, app, key, old_time)
     marker: str = record.marker
     result = AppendResult(marker, timestamp)
     if not catching_up:
         return result
-    return _catch_up(store, txn, result, known, number, count_before, record)
+    return _catch_up(dbs, txn, result, known, number, count_before, record)
 
 
 def _repeat(
-    store: Any,
+    dbs: Databases,
     txn: Any,
     record: Any,
     request: AppendRequest,
@@ -369,11 +241,11 @@ def _repeat(
     id_key: bytes,
 ) -> AppendResult:
     """Answer an append whose event id the session stores (see ``check_append``)."""
-    seq = int(_U64.unpack(txn.get(id_key, db=store._data))[0])
+    seq = int(U64.unpack(txn.get(id_key, db=dbs.data))[0])
     repeat = check_append(record, request, stored, seq)
     assert repeat is not None  # a stored id is a repeat or a refusal
     if request.catch_up and not repeat.duplicate:
-        return catch_up_repeat(repeat, seq, lambda: store._loaded(txn, record, []))
+        return catch_up_repeat(repeat, seq, lambda: loaded(txn, dbs, record, []))
     return repeat
 
 
@@ -383,14 +255,14 @@ def _events_seen(
     txn: Any, data_db: Any, number: bytes, request: AppendRequest, record: SessionRecord
 ) -> int | None:
     def seq_of(event_id: str) -> int | None:
-        seq = txn.get(_id_key(number + _EVENT_ID, event_id), db=data_db)
-        return None if seq is None else int(_U64.unpack(seq)[0])
+        seq = txn.get(_id_key(number + EVENT_ID, event_id), db=data_db)
+        return None if seq is None else int(U64.unpack(seq)[0])
 
     return events_seen(request, record, seq_of)
 
 
 def _catch_up(
-    store: Any,
+    dbs: Databases,
     txn: Any,
     result: AppendResult,
     known: int | None,
@@ -401,8 +273,8 @@ def _catch_up(
     return catch_up(
         result,
         known,
-        lambda start: store._events(txn, number, start, count_before),
-        lambda: store._loaded(txn, record, []),
+        lambda start: events(txn, dbs, number, start, count_before),
+        lambda: loaded(txn, dbs, record, []),
     )
 
 
@@ -452,11 +324,11 @@ class _BatchSession:
         user_state: dict[str, bytes],
     ) -> None:
         self.record = record
-        self.number = _U64.pack(record.number)
+        self.number = U64.pack(record.number)
         self.key = key
         self.app = app
-        self.event_prefix = self.number + _EVENT
-        self.id_prefix = self.number + _EVENT_ID
+        self.event_prefix = self.number + EVENT
+        self.id_prefix = self.number + EVENT_ID
         self.old_time = record.last_update_time
         self.count = record.event_count
         self.removed = record.removed_count
@@ -485,7 +357,7 @@ class _BatchSession:
 # Indexes into the batch's lists are in range by construction: no checks.
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
+def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
     Each session record is read once and written once per batch, and the
@@ -494,9 +366,9 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     value, which is what the appends one by one would leave. Each database
     takes the batch's entries in one ``putmulti`` call, in key order.
     """
-    data_db = store._data
+    data_db = dbs.data
     data = txn.cursor(db=data_db)
-    format_1: cython.bint = store.format == 1
+    format_1: cython.bint = dbs.format == 1
     keys: list[tuple[str, str, str]] = batch.keys
     owners: list[int] = batch.owners
     event_ids: list[str] = batch.event_ids
@@ -514,7 +386,7 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     for ids in keys:
         found = sessions.get(ids)
         if found is None:
-            found = _batch_session(txn, store, shared, ids, format_1)
+            found = _batch_session(txn, dbs, shared, ids, format_1)
             if found is not None:
                 sessions[ids] = found
         owned.append(found)
@@ -591,14 +463,14 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
         if not session.timed and count != session.removed and timestamp < session.last_time:
             # The index is built from what the transaction holds: write the events so far.
             _put_entries(data, sessions, False)
-            store._start_time_index(txn, session.record)
+            start_time_index(txn, dbs, session.record)
             session.timed = True
-        seq: bytes = _SEQS[count] if count < _SEQ_TABLE else _U64.pack(count)
-        session.events.append((session.event_prefix + seq, _stored_value(timestamp, event)))
+        seq: bytes = _SEQS[count] if count < _SEQ_TABLE else U64.pack(count)
+        session.events.append((session.event_prefix + seq, event_value(timestamp, event)))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
-                (session.number + _EVENT_TIME + sortable_time(timestamp) + seq, b"")
+                (session.number + EVENT_TIME + sortable_time(timestamp) + seq, b"")
             )
         batch_events[id_key] = event
         count += 1
@@ -614,13 +486,13 @@ def append_batch(store: Any, txn: Any, batch: AppendBatch) -> BatchResult:
     for prefix, state in shared.items():
         _add_items(shared_puts, prefix, state.items())
     if shared_puts:
-        txn.cursor(db=store._shared).putmulti(shared_puts)
-    sessions_db = store._sessions
+        txn.cursor(db=dbs.shared).putmulti(shared_puts)
+    sessions_db = dbs.sessions
     for session in sessions.values():
         session.settle()
         record = session.record
         txn.put(session.key, pack(record.to_list()), db=sessions_db)
-        _relist(txn, store, record, session.app, session.key, session.old_time)
+        relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):
@@ -653,7 +525,7 @@ def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cyth
         session.index.sort()
         puts += session.index
         if with_state and session.session_state:
-            _add_items(puts, session.number + _STATE, session.session_state.items())
+            _add_items(puts, session.number + STATE, session.session_state.items())
         session.events = []
         session.index = []
     if puts:
@@ -667,7 +539,7 @@ def _number_of(session: _BatchSession) -> bytes:
 @cython.cfunc
 def _batch_session(
     txn: Any,
-    store: Any,
+    dbs: Databases,
     shared: dict[bytes, dict[str, bytes]],
     ids: tuple[str, str, str],
     format_1: cython.bint,
@@ -677,7 +549,7 @@ def _batch_session(
     app: bytes = part(app_name)
     user: bytes = part(user_id)
     key: bytes = app + user + part(session_id)
-    record = _read_record(txn, store, key, app_name, user_id, session_id)
+    record = _read_record(txn, dbs, key, app_name, user_id, session_id)
     if record is None:
         return None
     return _BatchSession(
@@ -685,6 +557,6 @@ def _batch_session(
         key,
         app,
         format_1,
-        shared.setdefault(_APP + app, {}),
-        shared.setdefault(_USER + app + user, {}),
+        shared.setdefault(APP + app, {}),
+        shared.setdefault(USER + app + user, {}),
     )
