@@ -456,8 +456,14 @@ class Writer:
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
-                with self.writer_lock:
+                try:
+                    self.writer_lock.acquire()
+                except BaseException as error:
+                    return Completion(error=self._lock_refused(error))
+                try:
                     outcome = self.run_writes([action])[0]
+                finally:
+                    self.writer_lock.release()
             elif not self._writes:
                 with _locks.Attempt(self.writer_lock) as held:
                     if held:
@@ -574,7 +580,18 @@ class Writer:
         writes = self._writes
         # Taken before the queue is emptied: a loop that finds the queue
         # empty and the lock free writes after everything queued before it.
-        with self.writer_lock:
+        try:
+            self.writer_lock.acquire()
+        except BaseException as error:
+            # The writes waiting now fail rather than wait for ever (the
+            # writer thread would die and its waiters hang) or commit later,
+            # after their callers were told of an error.
+            failure = self._lock_refused(error)
+            while writes and len(batch) < _MAX_BATCH:
+                batch.append(writes.popleft())
+            finish_all((pending, False, failure) for _, pending in batch)
+            return bool(batch)
+        try:
             while writes and len(batch) < _MAX_BATCH:
                 batch.append(writes.popleft())
             if not batch:
@@ -584,10 +601,23 @@ class Writer:
             except BaseException as error:  # every waiter must hear of it
                 _log.exception("committing %d writes to %s failed", len(batch), self.path)
                 outcomes = [(False, error)] * len(batch)
+        finally:
+            self.writer_lock.release()
         finish_all(
             (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
         )
         return True
+
+    def _lock_refused(self, error: BaseException) -> StoreError:
+        """Log and return the error of writes that could not take the write lock."""
+        _log.exception("taking the write lock of %s failed", self.path, exc_info=error)
+        failure = StoreError(
+            f"could not take the write lock of {self.path}: {error}",
+            hint="nothing of these writes was stored; check the store's lock.mdb "
+            "and the system's file-lock limits, then retry",
+        )
+        failure.__cause__ = error
+        return failure
 
     def _sync_loop(self) -> None:
         """Sync deferred writes every interval, and at once when asked."""
