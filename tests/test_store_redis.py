@@ -30,7 +30,7 @@ from sessionscope.errors import (
     StoreError,
 )
 from sessionscope.stores import open_store
-from sessionscope.stores.base import AppendBatch, AppendRequest
+from sessionscope.stores.records import AppendBatch, AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
 
 

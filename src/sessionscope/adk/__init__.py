@@ -38,7 +38,7 @@ except ImportError:  # ADK before the stale-session check
 from .. import errors
 from ..service.facade import AsyncSessions, FieldModel, ServiceCore
 from ..stores import LmdbStore, MemoryStore, Store, open_store
-from ..stores.base import SessionRecord
+from ..stores.records import SessionRecord
 from .codec import decode_events, encode_event
 from .migrate import MigrationReport, migrate_from_adk
 

@@ -20,8 +20,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..codec import decode_event, pack
 from ..errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
 from ..stores import LmdbStore, Store, open_store, redact
-from ..stores.base import ListPosition, SessionRecord, list_position
 from ..stores.lmdb.store import path_uri
+from ..stores.records import ListPosition, SessionRecord
+from ..stores.rules import list_position
 from .outfile import make_directory
 
 __all__ = [

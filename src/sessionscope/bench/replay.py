@@ -37,7 +37,7 @@ from ..stores import open_store
 from .trace import Expectation, TraceError, check_record, load_trace
 
 if TYPE_CHECKING:
-    from ..stores.base import AppendBatch, BatchResult
+    from ..stores.records import AppendBatch, BatchResult
 
 __all__ = [
     "ADK_SCHEMES",

@@ -26,8 +26,8 @@ import lmdb
 
 from ..model import Event
 from ..service.facade import SessionService, SyncSessionService, event_from_record
-from ..stores.base import AppendRequest, AppendResult
 from ..stores.lmdb.store import LmdbStore
+from ..stores.records import AppendRequest, AppendResult
 
 __all__ = ["Figure", "SpeedConfig", "measure", "turn_records"]
 

@@ -46,8 +46,8 @@ from ..errors import (
     UnsafeStoreError,
 )
 from ..stores import LmdbStore, Store, open_store
-from ..stores.base import LoadedSession
 from ..stores.lmdb.store import FORMAT_VERSION
+from ..stores.records import LoadedSession
 from . import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from .._speedups import _no_cython as cython
     from ..model import Event
-    from ..stores.base import AppendResult, BatchResult
+    from ..stores.records import AppendResult, BatchResult
 else:
     try:
         import cython
@@ -37,7 +37,7 @@ from ..core import (
     partition_checked,
 )
 from ..errors import StateValueError
-from ..stores.base import AppendBatch, PreparedAppend
+from ..stores.records import AppendBatch, PreparedAppend
 
 __all__ = [
     "MAX_ID_BYTES",

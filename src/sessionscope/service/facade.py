@@ -33,7 +33,7 @@ from ..model import (
     new_session_id,
 )
 from ..stores import Store, open_store
-from ..stores.base import (
+from ..stores.records import (
     AppendBatch,
     AppendResult,
     BatchResult,
@@ -41,10 +41,8 @@ from ..stores.base import (
     LoadedSession,
     PreparedAppend,
     SessionRecord,
-    finite_float,
-    list_position,
-    marker_position,
 )
+from ..stores.rules import finite_float, list_position, marker_position
 
 if TYPE_CHECKING:
     from typing_extensions import Self

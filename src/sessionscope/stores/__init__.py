@@ -8,9 +8,10 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from ..errors import StoreNotFoundError
-from .base import Completion, Store
+from .completion import Completion
 from .lmdb.store import LmdbStore
 from .memory import MemoryStore
+from .protocol import Store
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store", "redact"]
 

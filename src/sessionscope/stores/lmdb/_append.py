@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ..._speedups import _no_cython as cython
-    from ..base import Items
+    from ..records import Items
 else:
     try:
         import cython
@@ -37,18 +37,15 @@ else:
 from ...codec import pack, unpack
 from ...core import sized_key, timed_record
 from ...errors import CorruptStoreError, StoreError
-from ..base import (
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
     PartialBatch,
     SessionRecord,
-    catch_up,
-    catch_up_repeat,
-    check_append,
-    events_seen,
 )
+from ..rules import catch_up, catch_up_repeat, check_append, events_seen
 
 __all__ = [
     "append_batch",

@@ -76,35 +76,35 @@ from ...errors import (
     StoreError,
     UnsafeStoreError,
 )
-from ..base import (
-    BATCH_EVENTS,
-    BATCH_SECONDS,
-    BATCH_SESSIONS,
+from ..completion import Completion, Pending, finish_all
+from ..expiry import Expirer
+from ..protocol import InlineAsyncStore
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
-    Completion,
     EventCopy,
     EventPage,
-    Expirer,
-    InlineAsyncStore,
     Items,
     ListPosition,
     LoadedSession,
     PartialBatch,
-    Pending,
     SessionCopy,
     SessionRecord,
-    check_copy,
-    check_ttl,
     copies_equal,
     event_copy,
-    finish_all,
+    result_of_batch,
+)
+from ..rules import (
+    BATCH_EVENTS,
+    BATCH_SECONDS,
+    BATCH_SESSIONS,
+    check_copy,
+    check_ttl,
     finite_float,
     list_position,
     page_records,
-    result_of_batch,
 )
 
 __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]

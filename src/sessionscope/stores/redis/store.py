@@ -71,32 +71,34 @@ from ...errors import (
     UnsafeStoreError,
 )
 from .. import redact
-from ..base import (
-    BATCH_EVENTS,
-    BATCH_SESSIONS,
+from ..completion import Completion
+from ..expiry import Expirer
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
-    Completion,
     EventPage,
-    Expirer,
     Items,
     ListPosition,
     LoadedSession,
     SessionCopy,
     SessionRecord,
+    copies_equal,
+    event_copy,
+    result_of_batch,
+)
+from ..rules import (
+    BATCH_EVENTS,
+    BATCH_SESSIONS,
     catch_up_repeat,
     check_append,
     check_copy,
     check_ttl,
-    copies_equal,
-    event_copy,
     list_position,
     marker_position,
     page_records,
     repeat_result,
-    result_of_batch,
 )
 
 hiredis: Any
