@@ -233,10 +233,14 @@ class PreparedCreate:
 
 
 class ServiceCore(Generic[S, E]):
-    """Every rule of the contract that is not storage: shared by both facades."""
+    """Every rule of the contract that is not storage: shared by both facades.
 
-    def __init__(self, store: Store, model: Model[S, E]) -> None:
-        self.store = store
+    It does no I/O: it checks a call's arguments and prepares what the store
+    is handed (``check_*``, ``prepare_*``), and builds the caller's answer
+    from what the store returned (``finish_*``). The facades call the store.
+    """
+
+    def __init__(self, model: Model[S, E]) -> None:
         self.model = model
 
     # -- create ----------------------------------------------------------
@@ -287,26 +291,24 @@ class ServiceCore(Generic[S, E]):
         """Return the caller's session object for a read; None when it does not exist."""
         return None if loaded is None else self.finish_load(loaded)
 
-    def get_session(
-        self, app_name: object, user_id: object, session_id: object, config: Any
-    ) -> S | None:
-        """Read a session; None when it does not exist."""
-        loaded = self.store.load_session(*self.check_get(app_name, user_id, session_id, config))
-        return self.finish_get(loaded)
-
     @staticmethod
     def check_owner(app_name: object, user_id: object) -> tuple[str, str | None]:
         """Return a listing's checked (app, user or None)."""
         app = check_id(app_name, "app_name")
         return app, None if user_id is None else check_id(user_id, "user_id")
 
-    def list_page(
+    def check_list(
         self, app_name: object, user_id: object, limit: int | None, cursor: str | None
-    ) -> ListSessionsResponse:
-        """Return one page of session metadata, in listing order."""
-        owner = self.check_owner(app_name, user_id)
+    ) -> tuple[str, str | None, int | None, ListPosition | None]:
+        """Return a listing's checked (app, user or None, limit, position after the cursor)."""
+        app, user = self.check_owner(app_name, user_id)
         check_page(limit, cursor)
-        return page_of(*self.store.list_page(*owner, limit, cursor_position(cursor)))
+        return app, user, limit, cursor_position(cursor)
+
+    @staticmethod
+    def finish_list(page: list[SessionRecord], more: bool) -> ListSessionsResponse:
+        """Return the caller's page of session metadata for what a store listed."""
+        return page_of(page, more)
 
     def check_key(
         self, app_name: object, user_id: object, session_id: object
@@ -318,15 +320,10 @@ class ServiceCore(Generic[S, E]):
             check_session_id(session_id),
         )
 
-    def read_user_state(self, app_name: object, user_id: object) -> dict[str, Any]:
-        """Return the user map, keys without prefix."""
-        return self.store.read_user_state(
-            check_id(app_name, "app_name"), check_id(user_id, "user_id")
-        )
-
-    def read_app_state(self, app_name: object) -> dict[str, Any]:
-        """Return the app map, keys without prefix."""
-        return self.store.read_app_state(check_id(app_name, "app_name"))
+    @staticmethod
+    def check_user(app_name: object, user_id: object) -> tuple[str, str]:
+        """Return the checked (app_name, user_id) that name a user."""
+        return check_id(app_name, "app_name"), check_id(user_id, "user_id")
 
     # -- retention -------------------------------------------------------
 
@@ -582,9 +579,7 @@ class AsyncSessions(Generic[S, E]):
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix; {} when none."""
-        return await self.store.aio.read_user_state(
-            check_id(app_name, "app_name"), check_id(user_id, "user_id")
-        )
+        return await self.store.aio.read_user_state(*self._core.check_user(app_name, user_id))
 
     async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
@@ -652,7 +647,7 @@ class SessionService(AsyncSessions[Session, Event]):
 
     def __init__(self, store: Store | str | None = None) -> None:
         self.store = _resolve_store(store)
-        self._core = ServiceCore(self.store, NativeModel())
+        self._core = ServiceCore(NativeModel())
 
     def __repr__(self) -> str:
         return f"SessionService({self.store!r})"
@@ -666,9 +661,10 @@ class SessionService(AsyncSessions[Session, Event]):
         cursor: str | None = None,
     ) -> ListSessionsResponse:
         """List session metadata, least recently active first; pages with limit."""
-        owner = self._core.check_owner(app_name, user_id)
-        check_page(limit, cursor)
-        return page_of(*await self.store.aio.list_page(*owner, limit, cursor_position(cursor)))
+        core = self._core
+        return core.finish_list(
+            *await self.store.aio.list_page(*core.check_list(app_name, user_id, limit, cursor))
+        )
 
 
 class SyncSessionService:
@@ -676,10 +672,21 @@ class SyncSessionService:
 
     def __init__(self, store: Store | str | None = None) -> None:
         self.store = _resolve_store(store)
-        self._core: ServiceCore[Session, Event] = ServiceCore(self.store, NativeModel())
+        self._core: ServiceCore[Session, Event] = ServiceCore(NativeModel())
 
     def __repr__(self) -> str:
         return f"SyncSessionService({self.store!r})"
+
+    @property
+    def core(self) -> ServiceCore[Session, Event]:
+        """Return the rules this service runs: its checks, preparations and finishes.
+
+        For a harness that hands the store requests itself (replay reads a
+        session inside a batch's round trips): ``core.check_get`` gives the
+        arguments of ``Store.load_session``, ``core.finish_get`` the session
+        of what it returned. The core does no I/O.
+        """
+        return self._core
 
     def create_session(
         self,
@@ -706,7 +713,9 @@ class SyncSessionService:
         config: GetSessionConfig | None = None,
     ) -> Session | None:
         """Read a session with the events ``config`` selects; None if missing."""
-        return self._core.get_session(app_name, user_id, session_id, config)
+        core = self._core
+        loaded = self.store.load_session(*core.check_get(app_name, user_id, session_id, config))
+        return core.finish_get(loaded)
 
     def list_sessions(
         self,
@@ -717,7 +726,10 @@ class SyncSessionService:
         cursor: str | None = None,
     ) -> ListSessionsResponse:
         """List session metadata, least recently active first; pages with limit."""
-        return self._core.list_page(app_name, user_id, limit, cursor)
+        core = self._core
+        return core.finish_list(
+            *self.store.list_page(*core.check_list(app_name, user_id, limit, cursor))
+        )
 
     def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete a session, its state and its events; a missing one is a no-op."""
@@ -752,17 +764,21 @@ class SyncSessionService:
         session, a conflicting event id) stops the batch there: the appends
         before it stay stored and applied to their sessions, and it is raised.
         """
-        return self._append_batch(appends, lambda batch: self.store.append_many(batch).result())
+        return self.append_many_with(appends, lambda batch: self.store.append_many(batch).result())
 
-    def _append_batch(
+    def append_many_with(
         self,
         appends: Iterable[tuple[Session, Event]],
         send: Callable[[AppendBatch], BatchResult],
     ) -> list[Event]:
         """Append as ``append_many`` does, with ``send`` handing the batch to the store.
 
-        Replay sends it along with reads where the store can carry them
-        (``RedisStore.append_many_reading``); the steps around are the same.
+        ``send`` gets the checked and packed ``AppendBatch`` and returns the
+        store's ``BatchResult``; the steps around it (checks, live sessions
+        updated, deltas given back to events the store did not reach, the
+        error raised) are those of ``append_many``. Replay sends the batch
+        along with reads where the store can carry them
+        (``RedisStore.append_many_reading``).
         """
         model = self._core.model
         # Checked and packed in one call, every event or none (see _append.prepare_many).
@@ -780,11 +796,11 @@ class SyncSessionService:
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix; {} when none."""
-        return self._core.read_user_state(app_name, user_id)
+        return self.store.read_user_state(*self._core.check_user(app_name, user_id))
 
     def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
-        return self._core.read_app_state(app_name)
+        return self.store.read_app_state(check_id(app_name, "app_name"))
 
     def truncate_events(
         self,
