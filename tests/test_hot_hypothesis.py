@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sessionscope.service.facade
+import sessionscope.service.core
 import sessionscope.stores.lmdb.store
 from sessionscope.errors import SessionscopeError
 from sessionscope.model import Event, EventActions
@@ -89,13 +89,13 @@ steps = st.tuples(
 
 @contextmanager
 def _running(service_build: ModuleType, store_build: ModuleType) -> Iterator[None]:
-    saved = sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot
-    sessionscope.service.facade._hot = service_build  # type: ignore[assignment]
+    saved = sessionscope.service.core._hot, sessionscope.stores.lmdb.store._hot
+    sessionscope.service.core._hot = service_build  # type: ignore[assignment]
     sessionscope.stores.lmdb.store._hot = store_build  # type: ignore[assignment]
     try:
         yield
     finally:
-        sessionscope.service.facade._hot, sessionscope.stores.lmdb.store._hot = saved
+        sessionscope.service.core._hot, sessionscope.stores.lmdb.store._hot = saved
 
 
 def _dump(store: LmdbStore) -> dict[bytes, list[tuple[bytes, bytes]]]:

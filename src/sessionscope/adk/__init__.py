@@ -35,7 +35,8 @@ except ImportError:  # ADK before the stale-session check
     _AdkStaleSessionError = ValueError  # type: ignore[assignment,misc]
 
 from .. import errors
-from ..service.facade import AsyncSessions, FieldModel, ServiceCore
+from ..service.core import FieldModel, ServiceCore
+from ..service.facade import AsyncSessions
 from ..stores import LmdbStore, MemoryStore, Store, open_store, redact
 from ..stores.records import SessionRecord
 from ..stores.uri import REDIS_SCHEMES, scheme_of

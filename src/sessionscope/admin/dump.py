@@ -45,7 +45,7 @@ import msgpack
 from ..codec import decode_event, pack, unpack
 from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
 from ..errors import DumpError
-from ..service.facade import check_id, check_session_id
+from ..service.core import check_id, check_session_id
 from ..stores.protocol import Store
 from ..stores.records import EventCopy, SessionCopy, SessionRecord, copies_equal, event_copy
 from ..stores.rules import check_copy, finite_float

@@ -102,7 +102,7 @@ def session_page(
     The page is the service's listing page (least recently active first);
     a session's size is its events' and its own state's stored bytes.
     """
-    from ..service.facade import check_page, cursor_position, page_of
+    from ..service.paging import check_page, cursor_position, page_of
 
     check_page(limit, cursor)
     records, more = store.list_page(app_name, user_id, limit, cursor_position(cursor))

@@ -35,7 +35,8 @@ import lmdb
 from .. import codec
 from ..core import IMPLEMENTATION
 from ..model import Event, EventActions
-from ..service.facade import SessionService, SyncSessionService, event_to_record
+from ..service.core import event_to_record
+from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
 from ..stores.uri import REDIS_SCHEMES, scheme_of
 from . import speed

@@ -25,7 +25,8 @@ from typing import Any
 import lmdb
 
 from ..model import Event
-from ..service.facade import SessionService, SyncSessionService, event_from_record
+from ..service.core import event_from_record
+from ..service.facade import SessionService, SyncSessionService
 from ..stores.lmdb.store import LmdbStore
 from ..stores.records import AppendRequest, AppendResult
 

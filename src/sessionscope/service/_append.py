@@ -3,7 +3,7 @@
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
 compiles this file a second time as ``sessionscope.service._append_c``, and this
 module stays importable as it is, the twin that runs where nothing was
-compiled (``sessionscope.core.compiled_or_twin`` picks one). ``facade.py``
+compiled (``sessionscope.core.compiled_or_twin`` picks one). ``core.py``
 holds the rules' home, ``ServiceCore``, which calls these for every append;
 the id and timestamp checks and the native event encoding live here because
 every append runs them.
