@@ -50,7 +50,7 @@ from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
 from sessionscope.bench.replay import open_target, replay
 from sessionscope.bench.trace import TraceSpec, generate
-from sessionscope.stores.base import AppendBatch
+from sessionscope.stores.records import AppendBatch
 from sessionscope.stores.redis import RedisStore
 
 APP, USER = "bench", "user"

@@ -8,7 +8,7 @@ import _stores
 from sessionscope import Event, EventActions, SyncSessionService
 from sessionscope.errors import DuplicateEventError, SessionNotFoundError, StateValueError
 from sessionscope.service._append import encode_event
-from sessionscope.stores.base import AppendBatch, AppendRequest, BatchResult, Items
+from sessionscope.stores.records import AppendBatch, AppendRequest, BatchResult, Items
 
 svc = _stores.svc
 store_factory = _stores.store_factory

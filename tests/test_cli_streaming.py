@@ -67,7 +67,7 @@ def build(path: Path, sessions: int, events: int) -> None:
     """Write ``sessions`` sessions of two events under 100 users, and one of ``events``."""
     from sessionscope import LmdbStore
     from sessionscope.codec import pack_event
-    from sessionscope.stores.base import EventCopy, SessionCopy, event_copy
+    from sessionscope.stores.records import EventCopy, SessionCopy, event_copy
 
     def event(sid: str, i: int) -> EventCopy:
         record = {

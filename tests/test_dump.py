@@ -332,7 +332,7 @@ def test_restore_session_writes_exactly_what_it_is_given(store_factory: StoreFac
     from sessionscope.errors import AlreadyExistsError
     from sessionscope.model import Event as NativeEvent
     from sessionscope.service import NativeModel
-    from sessionscope.stores.base import EventCopy, SessionCopy
+    from sessionscope.stores.records import EventCopy, SessionCopy
 
     store = store_factory()
     model = NativeModel()

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import sessionscope.core
-import sessionscope.service.facade
+import sessionscope.service.core
+import sessionscope.service.paging
 import sessionscope.stores.lmdb.store
 import sessionscope.stores.lmdb.writer
 from _children import python_output, run_python
@@ -32,9 +33,10 @@ HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT
 
 # What the child prints: the build each module of the hot path runs.
 SHOW = (
-    "import sessionscope.service.facade as s, sessionscope.stores.lmdb.store as l, "
-    "sessionscope.stores.lmdb.writer as w, sessionscope.core as c; "
-    "print(s._hot.__name__, l._hot.__name__, s._listing.__name__, w._locks.__name__, "
+    "import sessionscope.service.core as s, sessionscope.service.paging as p, "
+    "sessionscope.stores.lmdb.store as l, sessionscope.stores.lmdb.writer as w, "
+    "sessionscope.core as c; "
+    "print(s._hot.__name__, l._hot.__name__, p._listing.__name__, w._locks.__name__, "
     "*sorted(c.IMPLEMENTATIONS.items()))"
 )
 
@@ -58,9 +60,9 @@ def test_this_process_runs_what_it_says() -> None:
     expected = "py" if PURE_BUILD else "c"
     assert dict.fromkeys(HOT_PATH, expected) == sessionscope.core.IMPLEMENTATIONS
     suffix = "_c" if expected == "c" else ""
-    assert sessionscope.service.facade._hot.__name__ == HOT_PATH[0] + suffix
+    assert sessionscope.service.core._hot.__name__ == HOT_PATH[0] + suffix
     assert sessionscope.stores.lmdb.store._hot.__name__ == HOT_PATH[1] + suffix
-    assert sessionscope.service.facade._listing.__name__ == HOT_PATH[2] + suffix
+    assert sessionscope.service.paging._listing.__name__ == HOT_PATH[2] + suffix
     assert sessionscope.stores.lmdb.writer._hot.__name__ == HOT_PATH[1] + suffix
     assert sessionscope.stores.lmdb.writer._locks.__name__ == HOT_PATH[3] + suffix
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sessionscope.service.facade
+import sessionscope.service.core
 import sessionscope.stores.lmdb.store
 import sessionscope.stores.lmdb.writer
 from sessionscope.errors import SessionscopeError
@@ -91,14 +91,14 @@ steps = st.tuples(
 @contextmanager
 def _running(service_build: ModuleType, store_build: ModuleType) -> Iterator[None]:
     lmdb_modules = (sessionscope.stores.lmdb.store, sessionscope.stores.lmdb.writer)
-    saved = sessionscope.service.facade._hot, [module._hot for module in lmdb_modules]
-    sessionscope.service.facade._hot = service_build  # type: ignore[assignment]
+    saved = sessionscope.service.core._hot, [module._hot for module in lmdb_modules]
+    sessionscope.service.core._hot = service_build  # type: ignore[assignment]
     for module in lmdb_modules:
         module._hot = store_build  # type: ignore[assignment]
     try:
         yield
     finally:
-        sessionscope.service.facade._hot = saved[0]
+        sessionscope.service.core._hot = saved[0]
         for module, build in zip(lmdb_modules, saved[1], strict=True):
             module._hot = build
 

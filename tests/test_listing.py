@@ -14,7 +14,8 @@ import pytest
 from _stores import APP, StoreFactory, child_env, ev, lmdb_factory, store_factory  # noqa: F401
 from sessionscope import GetSessionConfig, LmdbStore, SessionMeta, SyncSessionService
 from sessionscope.errors import StoreError
-from sessionscope.stores.base import SessionCopy, list_position, page_records
+from sessionscope.stores.records import SessionCopy
+from sessionscope.stores.rules import list_position, page_records
 
 GOLDEN_1 = Path(__file__).parent / "golden" / "format-1"
 # Ids that sort by code point, not by length or bytes of a length prefix.
@@ -298,7 +299,7 @@ def test_listing_metas_are_what_the_dataclass_makes(module: str) -> None:
     import dataclasses
     import importlib
 
-    from sessionscope.stores.base import SessionRecord
+    from sessionscope.stores.records import SessionRecord
 
     listing = importlib.import_module(module)
     record = SessionRecord(APP, "u", "s1", 7, 1.5, 2.5, 9, "e9", removed_count=2)

@@ -194,7 +194,7 @@ def test_each_expiry_pass_is_logged_with_what_it_removed(
     store = LmdbStore(path, session_ttl=60)
     try:
         swept = _wait_for(caplog, lambda r: r.getMessage().startswith("expired "))
-        assert swept.levelno == logging.DEBUG and swept.name == "sessionscope.stores.base"
+        assert swept.levelno == logging.DEBUG and swept.name == "sessionscope.stores.expiry"
         assert swept.getMessage() == f"expired 2 idle sessions of {store!r}"
     finally:
         store.close()
@@ -212,7 +212,7 @@ def test_an_expirer_failure_is_logged_and_the_next_pass_runs(
         _wait_for(caplog, lambda r: r.getMessage().startswith("expired 0 idle sessions"))
         server.kill()
         failed = _wait_for(caplog, lambda r: r.levelno >= logging.ERROR)
-        assert failed.name == "sessionscope.stores.base"
+        assert failed.name == "sessionscope.stores.expiry"
         assert failed.threadName == "sessionscope-expirer"
         assert failed.getMessage() == f"expiring idle sessions of {store!r} failed"
         assert failed.exc_info is not None and "Redis failed" in str(failed.exc_info[1])

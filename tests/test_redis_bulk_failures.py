@@ -31,7 +31,7 @@ from sessionscope import Event, SyncSessionService
 from sessionscope.errors import StoreError
 from sessionscope.service._append import encode_event
 from sessionscope.stores import open_store
-from sessionscope.stores.base import AppendBatch, AppendRequest, BatchResult
+from sessionscope.stores.records import AppendBatch, AppendRequest, BatchResult
 from sessionscope.stores.redis import RedisStore
 
 # An event whose record takes about 4 KB: a call of 1,000 of them needs

@@ -30,7 +30,7 @@ from sessionscope.errors import (
     StoreError,
 )
 from sessionscope.stores import open_store
-from sessionscope.stores.base import AppendBatch, AppendRequest
+from sessionscope.stores.records import AppendBatch, AppendRequest
 from sessionscope.stores.redis import LIBRARY, RedisStore
 
 
@@ -1191,7 +1191,7 @@ def test_both_faces_offer_every_store_operation_as_the_protocol_words_it() -> No
     """The derived faces: each protocol method, its parameters, its kind and a docstring."""
     import inspect
 
-    from sessionscope.stores.base import AsyncStore, Store
+    from sessionscope.stores.protocol import AsyncStore, Store
     from sessionscope.stores.redis.store import _AsyncRedisStore
 
     for protocol, face in ((Store, RedisStore), (AsyncStore, _AsyncRedisStore)):

@@ -10,7 +10,7 @@ import pytest
 
 from _stores import APP, USER, ev
 from sessionscope import GetSessionConfig, LmdbStore, MemoryStore, SyncSessionService
-from sessionscope.stores.base import SessionCopy, event_copy
+from sessionscope.stores.records import SessionCopy, event_copy
 
 AFTERS = [-1.0, 0.0, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 7.0, 8.0, 9.5, 100.0]
 

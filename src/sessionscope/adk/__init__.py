@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from google.adk.errors.already_exists_error import AlreadyExistsError as _AdkAlreadyExistsError
 from google.adk.errors.session_not_found_error import (
@@ -36,9 +35,11 @@ except ImportError:  # ADK before the stale-session check
     _AdkStaleSessionError = ValueError  # type: ignore[assignment,misc]
 
 from .. import errors
-from ..service.facade import AsyncSessions, FieldModel, ServiceCore
-from ..stores import LmdbStore, MemoryStore, Store, open_store
-from ..stores.base import SessionRecord
+from ..service.core import FieldModel, ServiceCore
+from ..service.facade import AsyncSessions
+from ..stores import LmdbStore, MemoryStore, Store, open_store, redact
+from ..stores.records import SessionRecord
+from ..stores.uri import REDIS_SCHEMES, scheme_of
 from .codec import decode_events, encode_event
 from .migrate import MigrationReport, migrate_from_adk
 
@@ -142,7 +143,7 @@ class _AdkService(AsyncSessions[Session, Event], BaseSessionService):
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._core = ServiceCore(store, AdkModel())
+        self._core = ServiceCore(AdkModel())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r})"
@@ -217,8 +218,8 @@ class LmdbSessionService(_AdkService):
             options["durability"] = durability
         opened: Store
         if isinstance(target, str) and "://" in target:
-            if urlsplit(target).scheme != "lmdb":
-                raise ValueError(f"LmdbSessionService takes an lmdb:// URI, not {target!r}")
+            if scheme_of(target) != "lmdb":
+                raise ValueError(f"LmdbSessionService takes an lmdb:// URI, not {redact(target)!r}")
             opened = open_store(target, **options)
         elif isinstance(target, (str, os.PathLike)):
             opened = LmdbStore(target, **options)
@@ -250,15 +251,12 @@ class RedisSessionService(_AdkService):
                 raise ValueError("give a store, or a URI with options, not both")
             super().__init__(store)
             return
-        if not isinstance(uri, str) or urlsplit(uri).scheme not in _REDIS_SCHEMES:
+        if not isinstance(uri, str) or scheme_of(uri) not in REDIS_SCHEMES:
             raise ValueError(
                 f"RedisSessionService takes a redis://, rediss:// or redis+cluster:// URI, "
-                f"not {uri!r}"
+                f"not {redact(repr(uri))}"
             )
         super().__init__(open_store(uri, **options))
-
-
-_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster")
 
 
 def _redis_factory(uri: str, **kwargs: Any) -> RedisSessionService:
@@ -283,7 +281,7 @@ def register() -> bool:
     registry = get_service_registry()
     registry.register_session_service("lmdb", _lmdb_factory)
     if importlib.util.find_spec("redis") is not None:
-        for scheme in _REDIS_SCHEMES:
+        for scheme in REDIS_SCHEMES:
             registry.register_session_service(scheme, _redis_factory)
     return True
 

@@ -40,7 +40,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 from ..codec import pack
 from ..errors import AlreadyExistsError, SessionscopeError
-from ..stores.base import SessionCopy, Store
+from ..stores.protocol import Store
+from ..stores.records import SessionCopy
 
 if TYPE_CHECKING:
     from google.adk.sessions import BaseSessionService, Session
@@ -251,7 +252,7 @@ def _copy_of(
     session: Session, model: Any
 ) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], SessionCopy]:
     """Split an ADK session into its app items, user items and a session copy."""
-    from ..stores.base import EventCopy
+    from ..stores.records import EventCopy
 
     app: dict[str, Any] = {}
     user: dict[str, Any] = {}

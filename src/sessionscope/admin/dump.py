@@ -45,17 +45,10 @@ import msgpack
 from ..codec import decode_event, pack, unpack
 from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
 from ..errors import DumpError
-from ..service.facade import check_id, check_session_id
-from ..stores.base import (
-    EventCopy,
-    SessionCopy,
-    SessionRecord,
-    Store,
-    check_copy,
-    copies_equal,
-    event_copy,
-    finite_float,
-)
+from ..service.core import check_id, check_session_id
+from ..stores.protocol import Store
+from ..stores.records import EventCopy, SessionCopy, SessionRecord, copies_equal, event_copy
+from ..stores.rules import check_copy, finite_float
 from .ops import SessionChangedError, event_pages, session_records
 from .outfile import output_file
 

@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..codec import decode_event, pack
 from ..errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
 from ..stores import LmdbStore, Store, open_store, redact
-from ..stores.base import ListPosition, SessionRecord, list_position
 from ..stores.lmdb.store import path_uri
+from ..stores.records import ListPosition, SessionRecord
+from ..stores.rules import list_position
+from ..stores.uri import SCHEMES, lmdb_path, query_pairs
 from .outfile import make_directory
 
 __all__ = [
@@ -53,30 +54,20 @@ class MissingStoreError(SessionscopeError, ValueError):
     """A command that reads a store was given a path that holds none."""
 
 
-def lmdb_path(uri: str) -> Path | None:
-    """Return the directory an ``lmdb://`` URI names, None for any other scheme."""
-    parts = urlsplit(uri)
-    if parts.scheme != "lmdb":
-        return None
-    return Path(unquote(parts.netloc + parts.path))
-
-
 def file_options(uri: str) -> dict[str, Any]:
     """Return the ``file_mode`` and ``trust_directory`` an ``lmdb://`` URI's query gives.
 
     What compact and upgrade check a store's directory and files with, as
     opening the store would. A malformed value is a ``ValueError``.
     """
-    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    readers = SCHEMES["lmdb"][1]
     options: dict[str, Any] = {}
-    for name, text in parse_qsl(urlsplit(uri).query, keep_blank_values=True):
-        try:
-            if name == "file_mode":
-                options[name] = int(text, 8)
-            elif name == "trust_directory":
-                options[name] = words[text.lower()]
-        except (ValueError, KeyError):
-            raise ValueError(f"lmdb:// option {name}={text!r} is malformed") from None
+    for name, text in query_pairs(uri):
+        if name in ("file_mode", "trust_directory"):
+            try:
+                options[name] = readers[name](text)
+            except ValueError:
+                raise ValueError(f"lmdb:// option {name}={text!r} is malformed") from None
     return options
 
 
@@ -111,7 +102,7 @@ def session_page(
     The page is the service's listing page (least recently active first);
     a session's size is its events' and its own state's stored bytes.
     """
-    from ..service.facade import check_page, cursor_position, page_of
+    from ..service.paging import check_page, cursor_position, page_of
 
     check_page(limit, cursor)
     records, more = store.list_page(app_name, user_id, limit, cursor_position(cursor))

@@ -35,8 +35,10 @@ import lmdb
 from .. import codec
 from ..core import IMPLEMENTATION
 from ..model import Event, EventActions
-from ..service.facade import SessionService, SyncSessionService, event_to_record
+from ..service.core import event_to_record
+from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
+from ..stores.uri import REDIS_SCHEMES, scheme_of
 from . import speed
 from .replay import (
     ADK_SCHEMES,
@@ -201,11 +203,10 @@ def _num(value: float, digits: int = 1) -> str:
 
 
 _WRITES = ("create", "append", "delete")
-_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster")
 
 
 def _label(uri: str, batch: int) -> str:
-    scheme = uri.partition("://")[0]
+    scheme = scheme_of(uri)
     names = {
         "memory": "sessionscope memory",
         "adk-memory": "adk InMemorySessionService",
@@ -214,7 +215,7 @@ def _label(uri: str, batch: int) -> str:
         "raw-lmdb-sync": "raw lmdb put+commit, fsync",
         "raw-lmdb-nosync": "raw lmdb put+commit, no fsync",
     }
-    if scheme in _REDIS_SCHEMES:
+    if scheme in REDIS_SCHEMES:
         kind = "redis cluster" if scheme == "redis+cluster" else "redis"
         return f"sessionscope {kind} bulk {batch} (writes)" if batch else f"sessionscope {kind}"
     if batch:
@@ -616,7 +617,7 @@ def _speed_targets(
 def _drop_scoped_stores(targets: list[tuple[str, int]]) -> None:
     """Remove what the run wrote to shared servers (its own prefixes only)."""
     for uri, _ in targets:
-        if uri.partition("://")[0] in _REDIS_SCHEMES:
+        if scheme_of(uri) in REDIS_SCHEMES:
             with contextlib.suppress(Exception):  # the run's figures matter more
                 open_store(uri).destroy()  # type: ignore[attr-defined]
 

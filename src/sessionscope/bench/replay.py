@@ -26,18 +26,18 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..cli.console import Column, RichProgressBar, render_table
 from ..core import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from ..errors import DuplicateEventError, StateValueError
 from ..model import Event, EventActions, GetSessionConfig, Session
 from ..service.facade import SyncSessionService
-from ..stores import open_store
+from ..stores import open_store, redact
+from ..stores.uri import SCHEMES, query_pairs, uri_path
 from .trace import Expectation, TraceError, check_record, load_trace
 
 if TYPE_CHECKING:
-    from ..stores.base import AppendBatch, BatchResult
+    from ..stores.records import AppendBatch, BatchResult
 
 __all__ = [
     "ADK_SCHEMES",
@@ -260,7 +260,7 @@ class NativeTarget(Target):
         """
         if self._reading is None:
             return super().append_many_reading(appends, reads)
-        core = self.service._core
+        core = self.service.core
         reading = self._reading
         # Positions count stored appends: partial events never reach the store.
         stored_before, stored = [], 0
@@ -282,14 +282,14 @@ class NativeTarget(Target):
             return result
 
         live = self.live
-        self.service._append_batch([(live[key], event) for key, event in appends], send)
+        self.service.append_many_with([(live[key], event) for key, event in appends], send)
         return answers
 
     def read_answer(self, answer: Any) -> Any:
         """Return the session a read in a batch answered (the store's answer, decoded)."""
         if self._reading is None:
             return answer
-        return self.service._core.finish_get(answer)
+        return self.service.core.finish_get(answer)
 
     def get(self, app: str, user: str, sid: str, config: Mapping[str, Any] | None) -> Any:
         """Read a session."""
@@ -418,8 +418,8 @@ def _need_adk(scheme: str) -> None:
         ) from None
 
 
-def _path_of(uri: str, parts: Any) -> str:
-    path = unquote(parts.netloc + parts.path)
+def _path_of(uri: str) -> str:
+    path = uri_path(uri)
     if not path:
         raise TargetError(f"{uri!r} names no path")
     return path
@@ -433,18 +433,17 @@ def open_target(uri: str) -> Target:
             "adk-memory://, adk-sqlite:///path, adk-database://URL or adk-lmdb:///path"
         )
     scheme, _, rest = uri.partition("://")
-    if scheme in ("memory", "lmdb", "redis", "rediss", "redis+cluster"):
+    if scheme in SCHEMES:
         try:
             return NativeTarget(uri)
         except ValueError as error:
             raise TargetError(str(error)) from None
     if scheme not in ADK_SCHEMES:
         raise TargetError(
-            f"unknown target scheme {scheme!r} in {uri!r}; known: memory, lmdb, "
+            f"unknown target scheme {scheme!r} in {redact(uri)!r}; known: memory, lmdb, "
             + ", ".join(ADK_SCHEMES)
         )
     _need_adk(scheme)
-    parts = urlsplit(uri)
     if scheme == "adk-memory":
         from google.adk.sessions import InMemorySessionService
 
@@ -452,7 +451,7 @@ def open_target(uri: str) -> Target:
     if scheme == "adk-sqlite":
         from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
-        return AdkTarget(uri, SqliteSessionService(_path_of(uri, parts)))
+        return AdkTarget(uri, SqliteSessionService(_path_of(uri)))
     if scheme == "adk-database":
         from google.adk.sessions import DatabaseSessionService
 
@@ -463,11 +462,12 @@ def open_target(uri: str) -> Target:
         adk = importlib.import_module("sessionscope.adk")
     except ImportError as error:
         raise TargetError(f"adk-lmdb:// needs sessionscope's adk adapter: {error}") from None
-    options = dict(parse_qsl(parts.query))
+    # A blank value is left out, as parse_qsl does by default.
+    options = {name: text for name, text in query_pairs(uri) if text}
     unknown = set(options) - {"durability"}
     if unknown:
         raise TargetError(f"unknown adk-lmdb:// option(s) {sorted(unknown)}; known: durability")
-    service = adk.LmdbSessionService(_path_of(uri, parts), **options)
+    service = adk.LmdbSessionService(_path_of(uri), **options)
     return AdkTarget(uri, service)
 
 

@@ -25,9 +25,10 @@ from typing import Any
 import lmdb
 
 from ..model import Event
-from ..service.facade import SessionService, SyncSessionService, event_from_record
-from ..stores.base import AppendRequest, AppendResult
+from ..service.core import event_from_record
+from ..service.facade import SessionService, SyncSessionService
 from ..stores.lmdb.store import LmdbStore
+from ..stores.records import AppendRequest, AppendResult
 
 __all__ = ["Figure", "SpeedConfig", "measure", "turn_records"]
 

@@ -41,7 +41,8 @@ from typing import IO, Any
 from ..admin.outfile import output_file
 from ..core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
 from ..model import GetSessionConfig
-from ..service.facade import SyncSessionService, check_id, check_session_id, event_to_record
+from ..service.core import check_id, check_session_id, event_to_record
+from ..service.facade import SyncSessionService
 
 __all__ = [
     "FORMAT",

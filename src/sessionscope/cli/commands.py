@@ -46,8 +46,8 @@ from ..errors import (
     UnsafeStoreError,
 )
 from ..stores import LmdbStore, Store, open_store
-from ..stores.base import LoadedSession
 from ..stores.lmdb.store import FORMAT_VERSION
+from ..stores.records import LoadedSession
 from . import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
 
@@ -77,7 +77,7 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
 
 def _check_filters(args: argparse.Namespace) -> None:
     """Refuse an --app or --user no service call would take (empty, over 4 KiB): exit 2."""
-    from ..service.facade import check_id
+    from ..service.core import check_id
 
     for option, name in (("app", "app_name"), ("user", "user_id")):
         value = getattr(args, option, None)
@@ -235,7 +235,7 @@ def _totals(store: Store, app: str, user: str | None) -> dict[str, Any]:
 
 def _session_key(args: argparse.Namespace) -> tuple[str, str, str]:
     """Return the session's (app, user, session) ids checked and stripped as a service does."""
-    from ..service.facade import check_id, check_session_id
+    from ..service.core import check_id, check_session_id
 
     try:
         return (

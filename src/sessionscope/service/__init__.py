@@ -1,8 +1,9 @@
 """The session services: ``SessionService`` (async) and ``SyncSessionService``.
 
-``facade`` holds the rules (``ServiceCore``) and both shells; ``_append`` and
-``_listing`` are its hot path, compiled as ``_append_c`` and ``_listing_c``
-(``sessionscope.core.compiled_or_twin`` picks the build).
+``core`` holds the rules (``ServiceCore``, no I/O), ``paging`` the listing's
+pages and cursors, ``facade`` both shells that call the store; ``_append``
+and ``_listing`` are the hot path, compiled as ``_append_c`` and
+``_listing_c`` (``sessionscope.core.compiled_or_twin`` picks the build).
 """
 
 from __future__ import annotations

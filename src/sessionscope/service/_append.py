@@ -3,7 +3,7 @@
 Written once, as annotated Python in Cython's pure-Python mode: ``setup.py``
 compiles this file a second time as ``sessionscope.service._append_c``, and this
 module stays importable as it is, the twin that runs where nothing was
-compiled (``sessionscope.core.compiled_or_twin`` picks one). ``facade.py``
+compiled (``sessionscope.core.compiled_or_twin`` picks one). ``core.py``
 holds the rules' home, ``ServiceCore``, which calls these for every append;
 the id and timestamp checks and the native event encoding live here because
 every append runs them.
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from .._speedups import _no_cython as cython
     from ..model import Event
-    from ..stores.base import AppendResult, BatchResult
+    from ..stores.records import AppendResult, BatchResult
 else:
     try:
         import cython
@@ -37,7 +37,7 @@ from ..core import (
     partition_checked,
 )
 from ..errors import StateValueError
-from ..stores.base import AppendBatch, PreparedAppend
+from ..stores.records import AppendBatch, PreparedAppend
 
 __all__ = [
     "MAX_ID_BYTES",

@@ -21,7 +21,7 @@ from ..model import SessionMeta
 
 if TYPE_CHECKING:
     from .._speedups import _no_cython as cython
-    from ..stores.base import SessionRecord
+    from ..stores.records import SessionRecord
 else:
     try:
         import cython

@@ -14,31 +14,33 @@ from typing import Any
 
 from ..codec import decode_values
 from ..errors import AlreadyExistsError, SessionNotFoundError, StoreClosedError
-from .base import (
+from .completion import Completion
+from .expiry import Expirer
+from .protocol import InlineAsyncStore
+from .records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
-    Completion,
     EventCopy,
     EventPage,
-    Expirer,
-    InlineAsyncStore,
     Items,
     ListPosition,
     LoadedSession,
     SessionCopy,
     SessionRecord,
+    copies_equal,
+    event_copy,
+    result_of_batch,
+)
+from .rules import (
     catch_up,
     catch_up_repeat,
     check_append,
     check_copy,
     check_ttl,
-    copies_equal,
-    event_copy,
     events_seen,
     page_records,
-    result_of_batch,
 )
 
 __all__ = ["MemoryStore"]

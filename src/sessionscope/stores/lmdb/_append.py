@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..._speedups import _no_cython as cython
-    from ..base import Items
+    from ..records import Items
     from .writer import Writer
 else:
     try:
@@ -33,18 +33,15 @@ else:
 
 from ...codec import pack
 from ...core import sized_key
-from ..base import (
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
     PartialBatch,
     SessionRecord,
-    catch_up,
-    catch_up_repeat,
-    check_append,
-    events_seen,
 )
+from ..rules import catch_up, catch_up_repeat, check_append, events_seen
 from .layout import (
     APP,
     EVENT,

@@ -39,7 +39,7 @@ from typing import Any
 from ...codec import decode_stored, pack, unpack
 from ...core import timed_record
 from ...errors import CorruptStoreError, StoreError
-from ..base import Items, LoadedSession, SessionRecord
+from ..records import Items, LoadedSession, SessionRecord
 
 FORMAT_VERSION = 2
 MAGIC = "sessionscope"

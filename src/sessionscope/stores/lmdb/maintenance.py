@@ -30,7 +30,7 @@ import lmdb
 from ...admin.outfile import create_exclusive, remove_own
 from ...codec import decode_event
 from ...errors import IncompatibleStoreError, StoreError, UnsafeStoreError
-from ..base import SessionRecord
+from ..records import SessionRecord
 from .layout import (
     EVENT,
     EVENT_ID,

@@ -33,7 +33,7 @@ from ...errors import (
     StoreError,
     UnsafeStoreError,
 )
-from ..base import finite_float
+from ..rules import finite_float
 from .layout import FORMAT_KEY, FORMAT_VERSION, MAGIC, MAX_DBS
 
 __all__ = [

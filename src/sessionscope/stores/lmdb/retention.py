@@ -18,13 +18,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SessionNotFoundError
-from ..base import (
-    BATCH_EVENTS,
-    BATCH_SECONDS,
-    BATCH_SESSIONS,
-    Completion,
-    event_copy,
-)
+from ..completion import Completion
+from ..records import event_copy
+from ..rules import BATCH_EVENTS, BATCH_SECONDS, BATCH_SESSIONS
 from .layout import (
     APP,
     EVENT,

@@ -29,30 +29,27 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ...core import compiled_or_twin
 from ...errors import AlreadyExistsError, CorruptStoreError, SessionscopeError
-from ..base import (
+from ..completion import Completion
+from ..expiry import Expirer
+from ..protocol import InlineAsyncStore
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
-    Completion,
     EventCopy,
     EventPage,
-    Expirer,
-    InlineAsyncStore,
     Items,
     ListPosition,
     LoadedSession,
     PartialBatch,
     SessionCopy,
     SessionRecord,
-    check_copy,
-    check_ttl,
     copies_equal,
     event_copy,
-    list_position,
-    page_records,
     result_of_batch,
 )
+from ..rules import check_copy, check_ttl, list_position, page_records
 from . import maintenance, retention
 from .layout import (
     APP,

@@ -36,7 +36,7 @@ import lmdb
 
 from ...core import compiled_or_twin
 from ...errors import IncompatibleStoreError, StoreClosedError, StoreError, UnsafeStoreError
-from ..base import Completion, Pending, finish_all
+from ..completion import Completion, Pending, finish_all
 from .layout import (
     FORMAT_KEY,
     FORMAT_VERSION,

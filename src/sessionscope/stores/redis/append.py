@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 from ...codec import decode_values
 from ...errors import StoreError
-from ..base import (
+from ..records import (
     AppendBatch,
     AppendRequest,
     AppendResult,
@@ -22,11 +22,8 @@ from ..base import (
     Items,
     LoadedSession,
     SessionRecord,
-    catch_up_repeat,
-    check_append,
-    marker_position,
-    repeat_result,
 )
+from ..rules import catch_up_repeat, check_append, marker_position, repeat_result
 from .common import _FN, Command, Plan, _number_text, _pack_items, _pairs, _record
 from .keys import _remember
 from .runners import _RELOADED, _Tolerant

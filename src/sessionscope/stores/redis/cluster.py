@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...codec import decode_values
-from ..base import AppendBatch, LoadedSession
+from ..records import AppendBatch, LoadedSession
 from .common import _FN, Command, Plan, _pairs, _raw_pairs, _Settings
 from .keys import _Keys
 

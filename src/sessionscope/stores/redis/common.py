@@ -19,7 +19,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import CorruptStoreError, StoreError
-from ..base import Items, SessionRecord
+from ..records import Items, SessionRecord
 from .keys import _Keys
 
 if TYPE_CHECKING:

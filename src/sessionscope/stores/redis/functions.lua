@@ -205,7 +205,7 @@ local function expire_all(ttl, keys)
 end
 
 -- How many stored events the caller's copy has, or nil when unknown
--- (the rules of events_seen in stores/base.py).
+-- (the rules of events_seen in stores/rules.py).
 local function events_seen(flags, marker, last_id, number, ids_key)
     if bit.band(flags, HAS_MARKER) ~= 0 then
         local colon = string.find(marker, ':', 1, true)

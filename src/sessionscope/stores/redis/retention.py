@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import SessionNotFoundError
-from ..base import BATCH_EVENTS, BATCH_SESSIONS
+from ..rules import BATCH_EVENTS, BATCH_SESSIONS
 from .common import _FN, Command, Plan, _number_text
 from .sessions import SessionPlans
 

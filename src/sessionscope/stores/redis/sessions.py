@@ -17,18 +17,17 @@ from ...errors import (
     StoreError,
     StoreNotFoundError,
 )
-from ..base import (
+from ..records import (
     EventPage,
     Items,
     ListPosition,
     LoadedSession,
     SessionCopy,
     SessionRecord,
-    check_copy,
     copies_equal,
     event_copy,
-    list_position,
 )
+from ..rules import check_copy, list_position
 from .common import (
     _FN,
     _RECORD_FIELDS,

@@ -54,18 +54,17 @@ from urllib.parse import quote
 
 from ...errors import StoreClosedError
 from .. import redact
-from ..base import (
+from ..completion import Completion
+from ..expiry import Expirer
+from ..records import (
     AppendBatch,
     BatchResult,
-    Completion,
-    Expirer,
     ListPosition,
     LoadedSession,
     SessionRecord,
-    check_ttl,
-    page_records,
     result_of_batch,
 )
+from ..rules import check_ttl, page_records
 from .append import AppendPlans, BatchRead, batch_plan
 from .client import check_policy, delete_keys, new_client
 from .cluster import topology

@@ -1,0 +1,402 @@
+"""What stores and the service hand each other: records, requests, results, copies.
+
+Plain data with the few helpers that build one from another; the rules an
+append must obey are in ``rules``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..codec import events_equal
+
+__all__ = [
+    "AppendBatch",
+    "AppendRequest",
+    "AppendResult",
+    "BatchOutcome",
+    "BatchResult",
+    "EventCopy",
+    "EventPage",
+    "Items",
+    "ListPosition",
+    "LoadedSession",
+    "PartialBatch",
+    "PreparedAppend",
+    "SessionCopy",
+    "SessionRecord",
+    "copies_equal",
+    "event_copy",
+    "result_of_batch",
+]
+
+# Packed state items: (key without prefix, packed value).
+Items = list[tuple[str, bytes]]
+# Where a session stands in a listing: (last_update_time, user_id, session_id).
+ListPosition = tuple[float, str, str]
+# A session's record and a page of its stored events, each with its position.
+EventPage = tuple["SessionRecord", list[tuple[int, bytes]]]
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What a store keeps about a session besides its state and events.
+
+    ``number`` is store-internal and never reused, so a session deleted and
+    created again under the same id has a new number, and markers read from
+    the old one can never match.
+    """
+
+    app_name: str
+    user_id: str
+    session_id: str
+    number: int
+    create_time: float
+    last_update_time: float
+    event_count: int = 0
+    last_event_id: str | None = None
+    # Events removed by truncation. ``event_count`` counts every event ever
+    # appended (it is also the position the next one takes), so the events
+    # stored are ``event_count - removed_count``. Records of format 1 have
+    # the eight fields above; this one is written only once it is not zero.
+    removed_count: int = 0
+    # Whether the store keeps a time index for this session (LMDB format 2
+    # keeps one only once an event arrived out of time order); written after
+    # removed_count, only when true.
+    time_indexed: bool = False
+
+    @property
+    def marker(self) -> str:
+        """Return the revision marker: which session, after how many events and removals.
+
+        ``number:appended`` while nothing was removed (as format 1 wrote it),
+        ``number:appended:removed`` after a truncation, so that a copy read
+        before a truncation no longer matches.
+        """
+        if self.removed_count:
+            return f"{self.number}:{self.event_count}:{self.removed_count}"
+        return f"{self.number}:{self.event_count}"
+
+    @property
+    def stored_count(self) -> int:
+        """Return how many events the session stores now."""
+        return self.event_count - self.removed_count
+
+    def advance(self, event_id: str, timestamp: float) -> None:
+        """Move past an event appended to the session."""
+        self.event_count += 1
+        self.last_update_time = timestamp
+        self.last_event_id = event_id
+
+    def to_list(self) -> list[Any]:
+        """Return the record as a packable list."""
+        return [
+            self.app_name,
+            self.user_id,
+            self.session_id,
+            self.number,
+            self.create_time,
+            self.last_update_time,
+            self.event_count,
+            self.last_event_id,
+        ] + (
+            [self.removed_count, True]
+            if self.time_indexed
+            else [self.removed_count]
+            if self.removed_count
+            else []
+        )
+
+    @classmethod
+    def from_list(cls, fields: list[Any]) -> SessionRecord:
+        """Return the record packed by ``to_list``."""
+        return cls(*fields)
+
+
+@dataclass(slots=True)
+class LoadedSession:
+    """A session as a store reads it: record, decoded maps, event bytes."""
+
+    record: SessionRecord
+    session_state: dict[str, Any]
+    app_state: dict[str, Any]
+    user_state: dict[str, Any]
+    events: list[bytes]
+
+
+@dataclass(slots=True)
+class AppendRequest:
+    """Everything a store needs to append one event, already checked and packed."""
+
+    app_name: str
+    user_id: str
+    session_id: str
+    event_id: str
+    timestamp: float
+    event: bytes
+    app_items: Items = field(default_factory=list)
+    user_items: Items = field(default_factory=list)
+    session_items: Items = field(default_factory=list)
+    # The marker of the caller's copy (None: built by hand) and, for hand-built
+    # copies, what the caller last saw.
+    marker: str | None = None
+    caller_update_time: float = 0.0
+    caller_last_event_id: str | None = None
+    # Locked appends are applied on top of what is stored; with catch_up they
+    # also return what the caller missed (bulk appends do not need it).
+    locked: bool = False
+    catch_up: bool = False
+
+
+@dataclass(slots=True)
+class PreparedAppend(AppendRequest):
+    """An append request as the service prepared it, with what it needs to finish it.
+
+    One object per append, handed to the store as the request: the store
+    reads only the request's fields, the service keeps the delta to apply to
+    the live session (temp keys apart) and the event's original delta, to
+    give back if the append fails (None when nothing was taken from it).
+    """
+
+    delta: dict[str, Any] = field(default_factory=dict)
+    original_delta: Mapping[str, Any] | None = None
+    temp: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request(self) -> AppendRequest:
+        """Return the request to hand a store: this object itself."""
+        return self
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """What an append did: the session's new marker and time, or that it was a repeat."""
+
+    marker: str | None
+    last_update_time: float = 0.0
+    duplicate: bool = False
+    # For a locked append (catch_up): the stored events the caller's copy
+    # lacks, before its own; when its history cannot be known (built by hand
+    # without a known last event, or read before the session was deleted and
+    # created again), all stored events, and ``replace_events`` is set.
+    missed_events: list[bytes] = field(default_factory=list)
+    replace_events: bool = False
+    # The position in the session of the first missed event: the result holds
+    # the stored events from there up to this append's, which is the last.
+    # Finishes of concurrent locked appends may arrive in any order; positions
+    # let each one add only what the live session does not hold yet.
+    first_missed: int = 0
+    # For a locked append: the stored maps after it. Other sessions write the
+    # app and user maps too, so replaying missed events would not suffice.
+    stored_state: LoadedSession | None = None
+
+
+class PartialBatch(Exception):
+    """A batch stopped at request ``applied`` by ``error``: the ones before it still go.
+
+    Raised inside a batch's transaction, which it aborts; the store then
+    appends again the requests before ``applied`` alone.
+    """
+
+    def __init__(self, applied: int, error: Exception) -> None:
+        super().__init__(applied, error)
+        self.applied = applied
+        self.error = error
+
+
+# What a store that appends a batch one request at a time gathers: a result
+# per request appended, and what stopped it (see ``result_of_batch``).
+BatchOutcome = tuple[list[AppendResult], "BaseException | None"]
+
+
+@dataclass(slots=True)
+class AppendBatch:
+    """Many locked appends without catch-up, one list per field: a bulk append's request.
+
+    Event ``n`` goes to the session ``keys[owners[n]]`` (app, user, session
+    id); its id, time, stored record and packed state items are the ``n``-th
+    entries of the other lists. A batch of a thousand events is a few lists
+    rather than a thousand request objects, and a store reads each list once.
+    Each event is applied on top of what is stored, as ``AppendRequest`` with
+    ``locked`` and without ``catch_up``.
+    """
+
+    keys: list[tuple[str, str, str]] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    event_ids: list[str] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    events: list[bytes] = field(default_factory=list)
+    app_items: list[Items] = field(default_factory=list)
+    user_items: list[Items] = field(default_factory=list)
+    session_items: list[Items] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def request(self, index: int) -> AppendRequest:
+        """Return event ``index`` as a request of its own."""
+        app_name, user_id, session_id = self.keys[self.owners[index]]
+        return AppendRequest(
+            app_name,
+            user_id,
+            session_id,
+            self.event_ids[index],
+            self.timestamps[index],
+            self.events[index],
+            self.app_items[index],
+            self.user_items[index],
+            self.session_items[index],
+            locked=True,
+        )
+
+    def requests(self) -> list[AppendRequest]:
+        """Return every event as a request of its own, in order."""
+        return [self.request(index) for index in range(len(self.events))]
+
+    def head(self, count: int) -> AppendBatch:
+        """Return the batch of the first ``count`` events (the same sessions)."""
+        return AppendBatch(
+            self.keys,
+            self.owners[:count],
+            self.event_ids[:count],
+            self.timestamps[:count],
+            self.events[:count],
+            self.app_items[:count],
+            self.user_items[:count],
+            self.session_items[:count],
+        )
+
+    @classmethod
+    def of(cls, requests: Iterable[AppendRequest]) -> AppendBatch:
+        """Return the batch of requests' events, each applied as a locked append."""
+        batch = cls()
+        keys: dict[tuple[str, str, str], int] = {}
+        for request in requests:
+            ids = (request.app_name, request.user_id, request.session_id)
+            batch.owners.append(keys.setdefault(ids, len(keys)))
+            batch.event_ids.append(request.event_id)
+            batch.timestamps.append(request.timestamp)
+            batch.events.append(request.event)
+            batch.app_items.append(request.app_items)
+            batch.user_items.append(request.user_items)
+            batch.session_items.append(request.session_items)
+        batch.keys = list(keys)
+        return batch
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What a batch append did, without an object per event.
+
+    The first ``applied`` events were handled: appended, or skipped as
+    repeats (their positions in ``repeats``). ``markers[k]`` and ``times[k]``
+    are the marker and last update time of the session ``keys[k]`` after its
+    last event appended, None and 0.0 where none was. ``error`` stopped the
+    batch at event ``applied`` (None when all were handled): the events
+    before it stay appended, those after it were not tried.
+    """
+
+    applied: int
+    repeats: list[int]
+    markers: list[str | None]
+    times: list[float]
+    error: BaseException | None = None
+
+
+def result_of_batch(
+    batch: AppendBatch, results: list[AppendResult], error: BaseException | None
+) -> BatchResult:
+    """Return the batch result of the per-event results of a batch's first events."""
+    markers: list[str | None] = [None] * len(batch.keys)
+    times = [0.0] * len(batch.keys)
+    repeats: list[int] = []
+    owners = batch.owners
+    for index, result in enumerate(results):
+        if result.duplicate or result.marker is None:
+            repeats.append(index)
+            continue
+        markers[owners[index]] = result.marker
+        times[owners[index]] = result.last_update_time
+    return BatchResult(len(results), repeats, markers, times, error)
+
+
+# A ``SessionCopy`` is a whole session as ``restore_session`` writes it and
+# ``dump`` moves it between stores: exact times, packed state, and every
+# event with its id, timestamp and record.
+
+
+@dataclass(frozen=True, slots=True)
+class EventCopy:
+    """An event as stored: its id, its timestamp and its record bytes."""
+
+    event_id: str
+    timestamp: float
+    record: bytes
+
+
+@dataclass(slots=True)
+class SessionCopy:
+    """A whole session as given to ``restore_session``; state items are packed values."""
+
+    app_name: str
+    user_id: str
+    session_id: str
+    create_time: float
+    last_update_time: float
+    session_items: Items = field(default_factory=list)
+    events: list[EventCopy] = field(default_factory=list)
+
+    @classmethod
+    def of_record(
+        cls, record: SessionRecord, session_items: Items, events: list[EventCopy]
+    ) -> SessionCopy:
+        """Return the copy of a stored session: its record's ids and times, its state, events."""
+        return cls(
+            record.app_name,
+            record.user_id,
+            record.session_id,
+            record.create_time,
+            record.last_update_time,
+            session_items,
+            events,
+        )
+
+
+def event_copy(record: bytes, timestamp: float | None = None) -> EventCopy:
+    """Return the copy of a stored event record; its id (and time) are read from it.
+
+    Every event record is a map with ``id`` and ``timestamp``, whichever
+    model wrote it; a store that keeps the timestamp beside the record
+    passes it, so it is returned exactly as appended.
+    """
+    from ..codec import decode_event
+
+    fields = decode_event(record)
+    stamp = float(fields["timestamp"]) if timestamp is None else timestamp
+    return EventCopy(str(fields["id"]), stamp, record)
+
+
+def copies_equal(stored: SessionCopy, given: SessionCopy) -> bool:
+    """Tell whether a stored session holds exactly what a copy describes.
+
+    Values compare in type too (1, 1.0 and True differ), maps in any key order.
+    """
+    from ..codec import pack_event, unpack
+
+    if (
+        stored.create_time != given.create_time
+        or stored.last_update_time != given.last_update_time
+        or len(stored.events) != len(given.events)
+    ):
+        return False
+    state = {key: unpack(value) for key, value in stored.session_items}
+    other = {key: unpack(value) for key, value in given.session_items}
+    # events_equal compares two packed maps deeply and strictly: reuse it.
+    if not events_equal(pack_event(state), pack_event(other)):
+        return False
+    return all(
+        a.event_id == b.event_id and a.timestamp == b.timestamp and events_equal(a.record, b.record)
+        for a, b in zip(stored.events, given.events, strict=True)
+    )

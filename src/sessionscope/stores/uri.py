@@ -1,0 +1,204 @@
+"""Store URIs: one scheme table and one parser, which ``open_store`` and every tool use.
+
+``lmdb:///abs/path`` (or ``lmdb://relative/path``), ``memory://``,
+``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) and
+``redis+cluster://[user:password@]host:port,host:port``; each takes the
+query options of its row in ``SCHEMES``. ``parse_store_uri`` returns a
+``StoreSpec``; every message names a URI through ``redact``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+__all__ = [
+    "REDIS_SCHEMES",
+    "SCHEMES",
+    "StoreSpec",
+    "lmdb_path",
+    "parse_store_uri",
+    "query_pairs",
+    "redact",
+    "scheme_of",
+    "uri_path",
+]
+
+# The userinfo of a URI in a text: what stands between "scheme://" and the
+# last "@" before the host ends (a password may hold an unescaped "@").
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s?#]*)@")
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with the password of every URI in it replaced by ``***``.
+
+    ``redis://user:secret@host`` becomes ``redis://user:***@host``; userinfo
+    without a colon may be a password alone and is replaced whole. Every
+    message, ``repr`` and log line that may carry a store's URI goes through here.
+    """
+
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match["userinfo"].partition(":")
+        return f"{match['scheme']}{user}:***@" if colon else f"{match['scheme']}***@"
+
+    return _USERINFO.sub(hide, text)
+
+
+def flag(text: str) -> bool:
+    """Read a yes/no URI option; anything but these words is refused (ValueError)."""
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    try:
+        return words[text.lower()]
+    except KeyError:
+        raise ValueError(text) from None
+
+
+Reader = Callable[[str], Any]
+
+# The options an lmdb:// URI may carry in its query, and how each is read.
+_LMDB_OPTIONS: dict[str, Reader] = {
+    "durability": str,
+    "map_size": int,
+    "flush_interval": float,
+    "file_mode": lambda text: int(text, 8),
+    "max_readers": int,
+    "session_ttl": float,
+    "verify": flag,
+    "trust_directory": flag,
+}
+# The options a redis URI may carry in its query (the rest is redis-py's own
+# URL syntax: user, password, host, port, database number; TLS settings
+# ssl_*=... stay in the URL redis-py reads).
+_REDIS_OPTIONS: dict[str, Reader] = {
+    "prefix": str,
+    "ttl": int,
+    "wait": int,
+    "timeout": float,
+    "session_ttl": float,
+    "allow_eviction": flag,
+}
+
+# The scheme table: each scheme's store kind and the query options it takes.
+SCHEMES: dict[str, tuple[str, dict[str, Reader]]] = {
+    "lmdb": ("lmdb", _LMDB_OPTIONS),
+    "memory": ("memory", {"session_ttl": float}),
+    "redis": ("redis", _REDIS_OPTIONS),
+    "rediss": ("redis", _REDIS_OPTIONS),
+    "redis+cluster": ("redis", _REDIS_OPTIONS),
+}
+REDIS_SCHEMES = tuple(name for name, (kind, _) in SCHEMES.items() if kind == "redis")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    """A store URI read: which store, where, and the options of its query.
+
+    ``kind`` is ``lmdb``, ``memory`` or ``redis``. ``path`` is an LMDB
+    store's directory; ``url`` the URL of one Redis server (its query keeps
+    only the TLS settings); ``nodes`` the host and port of each Redis
+    Cluster node, whose credentials are ``username`` and ``password``.
+    """
+
+    uri: str
+    scheme: str
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+    path: str = ""
+    url: str = ""
+    nodes: list[tuple[str, int]] = field(default_factory=list)
+    username: str | None = None
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        return f"StoreSpec({redact(self.uri)!r})"
+
+
+def scheme_of(uri: str) -> str:
+    """Return the scheme of a URI (what stands before ``://``), lower case."""
+    return urlsplit(uri).scheme
+
+
+def query_pairs(uri: str) -> list[tuple[str, str]]:
+    """Return the (name, text) pairs of a URI's query, blank values kept."""
+    return parse_qsl(urlsplit(uri).query, keep_blank_values=True)
+
+
+def uri_path(uri: str) -> str:
+    """Return the path a URI names, unquoted: ``lmdb:///abs/path`` has an empty
+    host, ``lmdb://relative/path`` keeps it as the path's first part."""
+    parts = urlsplit(uri)
+    return unquote(parts.netloc + parts.path)
+
+
+def lmdb_path(uri: str) -> Path | None:
+    """Return the directory an ``lmdb://`` URI names, None for any other scheme."""
+    if scheme_of(uri) != "lmdb":
+        return None
+    return Path(uri_path(uri))
+
+
+def parse_store_uri(uri: str) -> StoreSpec:
+    """Read a store URI; a bad one is a ValueError that names it with its password hidden."""
+    if not isinstance(uri, str):
+        raise ValueError(f"uri must be a str, not {type(uri).__name__}")
+    parts = urlsplit(uri)
+    scheme = parts.scheme
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"unknown store scheme in {redact(uri)!r}: use lmdb://, memory://, redis://, "
+            "rediss:// or redis+cluster://"
+        )
+    kind, known = SCHEMES[scheme]
+    if kind == "memory":
+        if parts.netloc or parts.path:
+            raise ValueError(f"memory:// names no path, not {redact(uri)!r}")
+        return StoreSpec(uri, scheme, kind, _options(scheme, parts.query, known))
+    if kind == "lmdb":
+        path = uri_path(uri)
+        if not path:
+            raise ValueError(f"{redact(uri)!r} names no path")
+        return StoreSpec(uri, scheme, kind, _options(scheme, parts.query, known), path=path)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    tls = [(name, text) for name, text in pairs if name.startswith("ssl_")]
+    if tls and scheme != "rediss":
+        raise ValueError(f"{tls[0][0]}= needs a rediss:// URI (TLS to one server)")
+    ours = urlencode([(name, text) for name, text in pairs if not name.startswith("ssl_")])
+    options = _options(scheme, ours, known)
+    if scheme != "redis+cluster":
+        return StoreSpec(
+            uri, scheme, kind, options, url=parts._replace(query=urlencode(tls)).geturl()
+        )
+    nodes: list[tuple[str, int]] = []
+    for node in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = node.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{redact(uri)!r}: name each cluster node as host:port, not {node!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    # redis-py reads a single server's credentials from its URL; a cluster's
+    # go to every node it connects to.
+    return StoreSpec(
+        uri,
+        scheme,
+        kind,
+        options,
+        nodes=nodes,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )
+
+
+def _options(scheme: str, query: str, known: dict[str, Reader]) -> dict[str, Any]:
+    """Return the options of a URI's query, each read as ``known`` says."""
+    parsed: dict[str, Any] = {}
+    for name, text in parse_qsl(query, keep_blank_values=True):
+        if name not in known:
+            raise ValueError(f"unknown {scheme}:// option {name!r}; known: {sorted(known)}")
+        try:
+            parsed[name] = known[name](text)
+        except ValueError:
+            raise ValueError(f"{scheme}:// option {name}={text!r} is not valid") from None
+    return parsed
