@@ -262,12 +262,12 @@ class _RecordingStore(LmdbStore):
 
     shapes: list[list[tuple[str, bytes, bytes, bytes]]]
 
-    def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
+    def append_in(self, txn: Any, request: AppendRequest) -> AppendResult:
         if not hasattr(self, "shapes"):
             self.shapes = []
-        names = {id(handle): name for name, handle in self._writer.dbs.items()}
+        names = {id(handle): name for name, handle in self.databases.items()}
         recorder = _TxnRecorder(txn, names)
-        result = super()._append(recorder, request)
+        result = super().append_in(recorder, request)
         self.shapes.append(recorder.ops)
         return result
 

@@ -384,13 +384,28 @@ class LmdbStore:
 
         return self._writer.write(delete)
 
-    def _append(self, txn: Any, request: AppendRequest) -> AppendResult:
-        """Append one event: check, write its entries, update the session record."""
+    @property
+    def databases(self) -> dict[bytes, Any]:
+        """Return the store's named LMDB databases by name (not part of the Store protocol).
+
+        For harnesses that look at an append's reads and writes (the bench's
+        shape of an append): the handles belong to this store's environment.
+        """
+        return dict(self._writer.dbs.items())
+
+    def append_in(self, txn: Any, request: AppendRequest) -> AppendResult:
+        """Append one event inside a write transaction ``txn`` of this store.
+
+        What ``append`` runs in its transaction: check, write the event's
+        entries, update the session record. Not part of the Store protocol: a
+        subclass may wrap it to see an append's reads and writes (the bench
+        does); callers append with ``append``.
+        """
         return _hot.append_one(self._writer.dbs, txn, request)
 
     def append(self, request: AppendRequest) -> Completion[AppendResult]:
         """Append one event and apply its packed delta, all or nothing."""
-        return self._writer.write(lambda txn: self._append(txn, request))
+        return self._writer.write(lambda txn: self.append_in(txn, request))
 
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in one transaction; on an error, commit those before it.

@@ -456,14 +456,17 @@ class Writer:
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not in_loop:
+                # ``with``, not acquire/try: an interrupt between taking the lock
+                # and a ``try`` would leave it held.
+                locked = False
                 try:
-                    self.writer_lock.acquire()
-                except BaseException as error:
+                    with self.writer_lock:
+                        locked = True
+                        outcome = self.run_writes([action])[0]
+                except Exception as error:  # an interrupt goes to the caller as before
+                    if locked:
+                        raise
                     return Completion(error=self._lock_refused(error))
-                try:
-                    outcome = self.run_writes([action])[0]
-                finally:
-                    self.writer_lock.release()
             elif not self._writes:
                 with _locks.Attempt(self.writer_lock) as held:
                     if held:
@@ -580,9 +583,22 @@ class Writer:
         writes = self._writes
         # Taken before the queue is emptied: a loop that finds the queue
         # empty and the lock free writes after everything queued before it.
+        locked = False
         try:
-            self.writer_lock.acquire()
-        except BaseException as error:
+            with self.writer_lock:
+                locked = True
+                while writes and len(batch) < _MAX_BATCH:
+                    batch.append(writes.popleft())
+                if not batch:
+                    return False
+                try:
+                    outcomes = self.run_writes([action for action, _ in batch])
+                except BaseException as error:  # every waiter must hear of it
+                    _log.exception("committing %d writes to %s failed", len(batch), self.path)
+                    outcomes = [(False, error)] * len(batch)
+        except Exception as error:  # an interrupt goes to the interrupted caller as before
+            if locked:
+                raise
             # The writes waiting now fail rather than wait for ever (the
             # writer thread would die and its waiters hang) or commit later,
             # after their callers were told of an error.
@@ -591,24 +607,12 @@ class Writer:
                 batch.append(writes.popleft())
             finish_all((pending, False, failure) for _, pending in batch)
             return bool(batch)
-        try:
-            while writes and len(batch) < _MAX_BATCH:
-                batch.append(writes.popleft())
-            if not batch:
-                return False
-            try:
-                outcomes = self.run_writes([action for action, _ in batch])
-            except BaseException as error:  # every waiter must hear of it
-                _log.exception("committing %d writes to %s failed", len(batch), self.path)
-                outcomes = [(False, error)] * len(batch)
-        finally:
-            self.writer_lock.release()
         finish_all(
             (pending, ok, value) for (_, pending), (ok, value) in zip(batch, outcomes, strict=True)
         )
         return True
 
-    def _lock_refused(self, error: BaseException) -> StoreError:
+    def _lock_refused(self, error: Exception) -> StoreError:
         """Log and return the error of writes that could not take the write lock."""
         _log.exception("taking the write lock of %s failed", self.path, exc_info=error)
         failure = StoreError(
