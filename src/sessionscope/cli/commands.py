@@ -758,9 +758,10 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
 
 def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
+    # Bad usage is said as such before the extra it needs is looked for.
+    _check_filters(args)
     from ..adk.migrate import migrate_from_adk, open_adk_service
 
-    _check_filters(args)
     try:
         # Refuse a source ADK cannot open before the target store is created.
         open_adk_service(args.source)
