@@ -12,6 +12,8 @@ import copy
 import dataclasses
 import hashlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -209,6 +211,21 @@ def child_env() -> dict[str, str]:
     src = str(Path(sessionscope.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m sessionscope ARGS`` in a child with pipes (so no progress is drawn)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sessionscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**child_env(), **(extra_env or {})},
+        check=False,
+    )
 
 
 def ev(

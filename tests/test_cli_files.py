@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from _stores import child_env
+from _stores import child_env, run_cli
 from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
 from sessionscope.admin.dump import export_dump
 from sessionscope.admin.outfile import OutputPathError
@@ -29,15 +29,7 @@ CHILDREN = Path(__file__).with_name("_cli_children.py")
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**child_env(), "PYTHONWARNINGS": "error"},
-        check=False,
-    )
+    return run_cli(*args, cwd=cwd, extra_env={"PYTHONWARNINGS": "error"})
 
 
 def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:

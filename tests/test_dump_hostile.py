@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from _stores import child_env
+from _stores import child_env, run_cli
 from sessionscope import LmdbStore, MemoryStore, SyncSessionService
 from sessionscope.admin.dump import (
     DUMP_FORMAT,
@@ -206,7 +206,7 @@ def test_a_bad_dump_into_a_new_path_creates_nothing(tmp_path: Path) -> None:
     for case, (body, _) in sorted(BAD_DUMPS.items())[:6]:
         dump = write_dump(tmp_path / "bad.dump", body())
         new = tmp_path / "new"
-        done = _cli("import", path_uri(new), str(dump))
+        done = run_cli("import", path_uri(new), str(dump))
         assert done.returncode == 1, case
         assert done.stderr.count("\n") == 1 and "DumpError" in done.stderr, done.stderr
         assert not new.exists(), case
@@ -323,22 +323,11 @@ def test_an_export_refuses_a_record_no_import_would_take(tmp_path: Path) -> None
 # -- counts of a second import -------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-        check=False,
-    )
-
-
 def test_a_second_import_reports_the_same_counts_and_what_it_skipped(tmp_path: Path) -> None:
     dump = write_dump(tmp_path / "good.dump", [*good_body(), *session("s2", events=[])])
     uri = path_uri(tmp_path / "copy")
-    first = _cli("import", uri, str(dump), "--json")
-    second = _cli("import", uri, str(dump), "--json")
+    first = run_cli("import", uri, str(dump), "--json")
+    second = run_cli("import", uri, str(dump), "--json")
     assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
     one, two = json.loads(first.stdout), json.loads(second.stdout)
     counts = ("apps", "users", "sessions", "events")
@@ -347,6 +336,6 @@ def test_a_second_import_reports_the_same_counts_and_what_it_skipped(tmp_path: P
     assert one["skipped"] == {"sessions": 0, "events": 0}
     assert two["imported"] == {"sessions": 0, "events": 0}
     assert two["skipped"] == {"sessions": 2, "events": 2}
-    text = _cli("import", uri, str(dump)).stdout
+    text = run_cli("import", uri, str(dump)).stdout
     assert "sessions skipped (stored already, equal)" in text
     assert "sessions imported" in text

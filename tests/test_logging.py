@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from _redis import RedisServer
-from _stores import APP, USER, child_env, ev
+from _stores import APP, USER, child_env, ev, run_cli
 from sessionscope import LmdbStore, SessionService, SyncSessionService
 from sessionscope.errors import IncompatibleStoreError, StoreError, UnsafeStoreError
 from sessionscope.stores.redis import RedisStore
@@ -42,17 +42,6 @@ def _wait_for(
                 return record
         assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
         time.sleep(0.02)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-        check=False,
-    )
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 import redis
 
 from _redis import RedisCluster, RedisServer, free_port
-from _stores import APP, USER, child_env, ev
+from _stores import APP, USER, ev, run_cli
 from sessionscope import SessionService, SyncSessionService
 from sessionscope.errors import (
     CorruptStoreError,
@@ -37,17 +35,6 @@ from sessionscope.stores.redis import RedisStore
 # Passwords that must never show: distinctive, so a leak cannot hide in other text.
 SECRET = "s3cr3t-Pw-7Qz"
 USER_SECRET = "alice-Pw-9Xk"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-        check=False,
-    )
 
 
 def protect(server: RedisServer) -> None:

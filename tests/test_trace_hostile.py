@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _stores import child_env
+from _stores import child_env, run_cli
 from sessionscope.bench.replay import NativeTarget, replay
 from sessionscope.bench.trace import FORMAT, MAX_LINE_CHARS, VERSION, TraceError, load_trace
 
@@ -188,14 +188,7 @@ def test_only_trace_errors_escape_load_and_replay(tmp_path: Path, lines: list[st
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", "replay", *args, "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-        check=False,
-    )
+    return run_cli("replay", *args, "--no-progress")
 
 
 @pytest.mark.parametrize(
