@@ -28,6 +28,7 @@ else:
     HOT_PATH = [
         ("sessionscope.stores.lmdb._append_c", "src/sessionscope/stores/lmdb/_append.py"),
         ("sessionscope.stores.lmdb._locks_c", "src/sessionscope/stores/lmdb/_locks.py"),
+        ("sessionscope.stores.lmdb.layout_c", "src/sessionscope/stores/lmdb/layout.py"),
         ("sessionscope.service._append_c", "src/sessionscope/service/_append.py"),
         ("sessionscope.service._listing_c", "src/sessionscope/service/_listing.py"),
     ]

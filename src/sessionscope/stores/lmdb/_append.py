@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from ..._speedups import _no_cython as cython
     from ..records import Items
+    from . import layout
     from .writer import Writer
 else:
     try:
@@ -32,7 +33,7 @@ else:
         from ..._speedups import _no_cython as cython
 
 from ...codec import pack
-from ...core import sized_key
+from ...core import compiled_or_twin, sized_key
 from ..records import (
     AppendBatch,
     AppendRequest,
@@ -52,17 +53,12 @@ from .layout import (
     U64,
     USER,
     Databases,
-    checked_record,
-    event_value,
-    events,
-    item_entries,
-    loaded,
-    part,
-    relist,
-    sortable_time,
-    start_time_index,
-    unique_part,
 )
+
+if not TYPE_CHECKING:
+    # The layout's compiled build where there is one: every append runs its
+    # key and record helpers. (Its constants are the same bytes either way.)
+    layout = compiled_or_twin("sessionscope.stores.lmdb.layout")
 
 __all__ = ["LockFileReplaced", "append_batch", "append_one", "commit"]
 
@@ -74,14 +70,14 @@ _SEQS: list[bytes] = [U64.pack(seq) for seq in range(_SEQ_TABLE)]
 
 @cython.cfunc
 def _id_key(prefix: bytes, event_id: str) -> bytes:
-    """Return an event's id index key: ``prefix``, then ``unique_part(event_id)``.
+    """Return an event's id index key: ``prefix``, then ``layout.unique_part(event_id)``.
 
     The common id's key is made in one allocation; a long id (stored under a
     digest) or a str subclass takes unique_part's way.
     """
     made: Any = sized_key(prefix, event_id, RAW_PART_LIMIT)
     if made is None:
-        made = prefix + unique_part(event_id)
+        made = prefix + layout.unique_part(event_id)
     key: bytes = made
     return key
 
@@ -90,7 +86,7 @@ def _id_key(prefix: bytes, event_id: str) -> bytes:
 def _add_items(puts: list[tuple[bytes, bytes]], owner: bytes, items: Any) -> cython.int:
     """Add the entries of state items stored under ``owner`` to ``puts``."""
     if items:
-        puts += item_entries(owner, items)
+        puts += layout.item_entries(owner, items)
     return 0
 
 
@@ -102,7 +98,7 @@ def _read_record(
     data = txn.get(key, db=dbs.sessions)
     if data is None:
         return None
-    return checked_record(data, app_name, user_id, session_id)
+    return layout.checked_record(data, app_name, user_id, session_id)
 
 
 @cython.cfunc
@@ -167,9 +163,9 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
     """Append one event: check, write its entries, update the session record."""
     app_name: str = request.app_name
     user_id: str = request.user_id
-    app: bytes = part(app_name)
-    user: bytes = part(user_id)
-    key: bytes = app + user + part(request.session_id)
+    app: bytes = layout.part(app_name)
+    user: bytes = layout.part(user_id)
+    key: bytes = app + user + layout.part(request.session_id)
     record = _read_record(txn, dbs, key, app_name, user_id, request.session_id)
     data_db = dbs.data
     stored = None
@@ -206,13 +202,13 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
         and record.event_count != record.removed_count
         and (timestamp < record.last_update_time)
     ):
-        start_time_index(txn, dbs, record)
+        layout.start_time_index(txn, dbs, record)
         timed = True
     seq: bytes = U64.pack(count_before)
-    puts.append((number + EVENT + seq, event_value(timestamp, request.event)))
+    puts.append((number + EVENT + seq, layout.event_value(timestamp, request.event)))
     puts.append((id_key, seq))
     if timed:
-        puts.append((number + EVENT_TIME + sortable_time(timestamp) + seq, b""))
+        puts.append((number + EVENT_TIME + layout.sortable_time(timestamp) + seq, b""))
     for entry_key, value in puts:
         txn.put(entry_key, value, db=data_db)
     old_time: float = record.last_update_time
@@ -220,7 +216,7 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
     record.last_update_time = timestamp
     record.last_event_id = request.event_id
     txn.put(key, pack(record.to_list()), db=dbs.sessions)
-    relist(txn, dbs.listing, record, app, key, old_time)
+    layout.relist(txn, dbs.listing, record, app, key, old_time)
     marker: str = record.marker
     result = AppendResult(marker, timestamp)
     if not catching_up:
@@ -242,7 +238,7 @@ def _repeat(
     repeat = check_append(record, request, stored, seq)
     assert repeat is not None  # a stored id is a repeat or a refusal
     if request.catch_up and not repeat.duplicate:
-        return catch_up_repeat(repeat, seq, lambda: loaded(txn, dbs, record, []))
+        return catch_up_repeat(repeat, seq, lambda: layout.loaded(txn, dbs, record, []))
     return repeat
 
 
@@ -270,8 +266,8 @@ def _catch_up(
     return catch_up(
         result,
         known,
-        lambda start: events(txn, dbs, number, start, count_before),
-        lambda: loaded(txn, dbs, record, []),
+        lambda start: layout.events(txn, dbs, number, start, count_before),
+        lambda: layout.loaded(txn, dbs, record, []),
     )
 
 
@@ -460,14 +456,14 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
         if not session.timed and count != session.removed and timestamp < session.last_time:
             # The index is built from what the transaction holds: write the events so far.
             _put_entries(data, sessions, False)
-            start_time_index(txn, dbs, session.record)
+            layout.start_time_index(txn, dbs, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else U64.pack(count)
-        session.events.append((session.event_prefix + seq, event_value(timestamp, event)))
+        session.events.append((session.event_prefix + seq, layout.event_value(timestamp, event)))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
-                (session.number + EVENT_TIME + sortable_time(timestamp) + seq, b"")
+                (session.number + EVENT_TIME + layout.sortable_time(timestamp) + seq, b"")
             )
         batch_events[id_key] = event
         count += 1
@@ -489,7 +485,7 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
         session.settle()
         record = session.record
         txn.put(session.key, pack(record.to_list()), db=sessions_db)
-        relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
+        layout.relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):
@@ -543,9 +539,9 @@ def _batch_session(
 ) -> Any:
     """Return a batch's _BatchSession of a stored session, or None when it is not stored."""
     app_name, user_id, session_id = ids
-    app: bytes = part(app_name)
-    user: bytes = part(user_id)
-    key: bytes = app + user + part(session_id)
+    app: bytes = layout.part(app_name)
+    user: bytes = layout.part(user_id)
+    key: bytes = app + user + layout.part(session_id)
     record = _read_record(txn, dbs, key, app_name, user_id, session_id)
     if record is None:
         return None

@@ -26,6 +26,11 @@ text in the value (``[key, packed value]``).
 
 The store, retention, maintenance and the compiled append path (``_append``)
 all import from here: nothing else builds a key or decodes a record.
+
+Every append and every read runs these helpers, so ``setup.py`` also compiles
+this file, unchanged, as ``layout_c`` (as it does ``_append``); the append
+path and the store's reads take that build through
+``sessionscope.core.compiled_or_twin``, and this module is its twin.
 """
 
 from __future__ import annotations
@@ -37,9 +42,60 @@ from struct import Struct
 from typing import Any
 
 from ...codec import decode_stored, pack, unpack
-from ...core import timed_record
+from ...core import sized_key, timed_record
 from ...errors import CorruptStoreError, StoreError
 from ..records import Items, LoadedSession, SessionRecord
+
+__all__ = [
+    "APP",
+    "DB_NAMES",
+    "DIGEST_MARK",
+    "EVENT",
+    "EVENT_ID",
+    "EVENT_TIME",
+    "F64",
+    "FORMAT_KEY",
+    "FORMAT_VERSION",
+    "LISTING",
+    "MAGIC",
+    "MAX_DBS",
+    "NUMBER_KEY",
+    "PURGE",
+    "RAW_PART_LIMIT",
+    "STATE",
+    "U64",
+    "USER",
+    "Databases",
+    "after",
+    "checked_record",
+    "db_names",
+    "decode_record",
+    "encode_record",
+    "event_value",
+    "events",
+    "format_record",
+    "item_entries",
+    "item_entries_of",
+    "list_key",
+    "list_new",
+    "loaded",
+    "part",
+    "part_length",
+    "parts_length",
+    "put_items",
+    "put_record",
+    "raw_names",
+    "read_map",
+    "read_record",
+    "records_under",
+    "relist",
+    "session_key",
+    "sortable_time",
+    "start_time_index",
+    "take_number",
+    "unique_part",
+    "unlist",
+]
 
 FORMAT_VERSION = 2
 MAGIC = "sessionscope"
@@ -299,10 +355,15 @@ def item_entries(owner: bytes, items: Items) -> list[tuple[bytes, bytes]]:
     """Return the entries of state items stored under ``owner``."""
     entries = []
     for key, value in items:
-        key_part: bytes = part(key)
-        if key_part[:2] == DIGEST_MARK:
-            value = pack([key, value])
-        entries.append((owner + key_part, value))
+        # The common key is made in one allocation (as part() makes its part);
+        # a long key, stored under a digest, keeps its text in the value.
+        entry_key: bytes | None = sized_key(owner, key, RAW_PART_LIMIT)
+        if entry_key is None:
+            key_part: bytes = part(key)
+            if key_part[:2] == DIGEST_MARK:
+                value = pack([key, value])
+            entry_key = owner + key_part
+        entries.append((entry_key, value))
     return entries
 
 

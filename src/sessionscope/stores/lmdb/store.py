@@ -82,7 +82,6 @@ from .layout import (
     unique_part,
     unlist,
 )
-from .layout import events as event_records
 from .opening import (
     DEFAULT_MAP_SIZE,
     check_options,
@@ -96,8 +95,11 @@ from .writer import Durability, Writer
 if TYPE_CHECKING:
     # The source is the type source; its compiled build has the same signatures.
     from . import _append as _hot
+    from . import layout as _layout
 else:
     _hot = compiled_or_twin("sessionscope.stores.lmdb._append")
+    # The layout's compiled build, for the reads every get_session makes.
+    _layout = compiled_or_twin("sessionscope.stores.lmdb.layout")
 
 __all__ = ["FORMAT_VERSION", "LmdbStore", "path_uri"]
 
@@ -238,7 +240,7 @@ class LmdbStore:
 
         def load(txn: Any) -> LoadedSession | None:
             dbs = self._writer.dbs
-            record = read_record(txn, dbs, app_name, user_id, session_id)
+            record = _layout.read_record(txn, dbs, app_name, user_id, session_id)
             if record is None:
                 return None
             number = U64.pack(record.number)
@@ -253,10 +255,10 @@ class LmdbStore:
                     txn, dbs, number, count, num_recent_events, after_timestamp, dbs.timed(record)
                 )
             elif num_recent_events is not None:
-                events = event_records(txn, dbs, number, max(0, count - num_recent_events), count)
+                events = _layout.events(txn, dbs, number, max(0, count - num_recent_events), count)
             else:
-                events = event_records(txn, dbs, number, 0, count)
-            return loaded(txn, dbs, record, events)
+                events = _layout.events(txn, dbs, number, 0, count)
+            return _layout.loaded(txn, dbs, record, events)
 
         return self._writer.read(load)
 
@@ -274,7 +276,7 @@ class LmdbStore:
 
         def read(txn: Any) -> EventPage | None:
             dbs = self._writer.dbs
-            record = read_record(txn, dbs, app_name, user_id, session_id)
+            record = _layout.read_record(txn, dbs, app_name, user_id, session_id)
             if record is None:
                 return None
             prefix = U64.pack(record.number) + EVENT
