@@ -60,12 +60,13 @@ else:
     except ImportError:  # a pure install runs without Cython
         from ..._speedups import _no_cython as cython
 
-__all__ = ["Attempt", "Gate", "WriterLock"]
+__all__ = ["LMDB_MAGIC", "Attempt", "Gate", "WriterLock"]
 
-# lock.mdb opens with LMDB's magic number; on Linux (POSIX mutexes, 64-bit)
-# the writer mutex sits on the second 64-byte cache line, and its first
-# 32-bit word is zero exactly when nobody holds it.
-_LMDB_MAGIC = 0xBEEFC0DE
+# LMDB's magic number: lock.mdb opens with it, and every meta page of data.mdb
+# holds it after the page header (opening checks that). On Linux (POSIX
+# mutexes, 64-bit) the writer mutex sits on the second 64-byte cache line of
+# lock.mdb, and its first 32-bit word is zero exactly when nobody holds it.
+LMDB_MAGIC = 0xBEEFC0DE
 _MAGIC = struct.Struct("=I")
 _WRITE_MUTEX_OFFSET = 64
 _WORD = struct.Struct("=I")
@@ -185,7 +186,7 @@ class WriterLock:
         except (OSError, ValueError):  # a lock file shorter than a page: not laid out as known
             self._trusted = False
             return
-        if _MAGIC.unpack_from(self._map, 0)[0] != _LMDB_MAGIC:
+        if _MAGIC.unpack_from(self._map, 0)[0] != LMDB_MAGIC:
             self._trusted = False
 
     def __enter__(self) -> None:

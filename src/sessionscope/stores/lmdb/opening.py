@@ -34,6 +34,7 @@ from ...errors import (
     UnsafeStoreError,
 )
 from ..rules import finite_float
+from ._locks import LMDB_MAGIC
 from .layout import FORMAT_KEY, FORMAT_VERSION, MAGIC, MAX_DBS
 
 __all__ = [
@@ -57,8 +58,6 @@ __all__ = [
 ]
 
 DEFAULT_MAP_SIZE = 64 << 20
-# The magic number at the start of every LMDB meta page (after the page header).
-_LMDB_MAGIC = 0xBEEFC0DE
 # A map smaller than this cannot hold the named databases of a new store.
 _MIN_MAP_SIZE = 1 << 20
 # Each reader slot is a line of lock.mdb; more than this is a typo.
@@ -89,7 +88,7 @@ def probe(path: Path, verify: bool = False) -> None:
             header = file.read(20)
     except OSError as error:
         raise open_failure(path, error) from error
-    if len(header) < 20 or int.from_bytes(header[16:20], "little") != _LMDB_MAGIC:
+    if len(header) < 20 or int.from_bytes(header[16:20], "little") != LMDB_MAGIC:
         raise IncompatibleStoreError(
             f"{data} is not an LMDB file", hint="pick an empty or new directory"
         )
