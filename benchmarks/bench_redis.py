@@ -49,7 +49,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
 from sessionscope.bench.replay import open_target, replay
-from sessionscope.bench.trace import TraceSpec, generate
+from sessionscope.bench.mix import MixSpec, generate
 from sessionscope.stores.records import AppendBatch
 from sessionscope.stores.redis import RedisStore
 
@@ -247,9 +247,9 @@ def replay_rate(url: str, prefix: str, reads: bool = True) -> tuple[float, float
     of their answers does not. Calls/s is over the whole replay (every
     create, append, read, listing and delete of the trace).
     """
-    spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0)
+    spec = MixSpec(sessions=REPLAY_SESSIONS, seed=0)
     if not reads:
-        spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
+        spec = MixSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
                          delete_fraction=0.0)  # fmt: skip
     records = list(generate(spec))
     target = open_target(f"{url}?prefix={prefix}-replay{'' if reads else '-writes'}")

@@ -15,20 +15,18 @@ from sessionscope.bench.trace import (
     VERSION,
     Expectation,
     TraceError,
-    TraceSpec,
     decode_value,
     encode_value,
     export_trace,
-    generate,
-    generate_trace,
     load_trace,
     read_trace,
     sample_trace_path,
     write_trace,
 )
+from sessionscope.bench.mix import MixSpec, generate, generate_trace
 from sessionscope.stores import MemoryStore
 
-SMALL = TraceSpec(sessions=12, users_per_app=4, turns=(2, 4), seed=5)
+SMALL = MixSpec(sessions=12, users=4, lengths=(5, 20), seed=5)
 
 
 def test_values_round_trip_through_json() -> None:
@@ -117,13 +115,13 @@ def test_generator_is_deterministic(tmp_path: Path) -> None:
     first, second, other = tmp_path / "1.jsonl", tmp_path / "2.jsonl", tmp_path / "3.jsonl"
     generate_trace(first, SMALL)
     generate_trace(second, SMALL)
-    generate_trace(other, TraceSpec(sessions=12, users_per_app=4, turns=(2, 4), seed=6))
+    generate_trace(other, MixSpec(sessions=12, users=4, lengths=(5, 20), seed=6))
     assert first.read_bytes() == second.read_bytes()
     assert first.read_bytes() != other.read_bytes()
 
 
 def test_generated_trace_looks_like_agent_traffic() -> None:
-    records = list(generate(TraceSpec(sessions=40, seed=1)))
+    records = list(generate(MixSpec(sessions=40, seed=1)))
     ops = collections.Counter(r["op"] for r in records)
     assert set(ops) == {"create", "append", "get", "list", "delete"}
     events = [r["event"] for r in records if r["op"] == "append"]
