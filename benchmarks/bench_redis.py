@@ -48,8 +48,8 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
-from sessionscope.bench.replay import open_target, replay
 from sessionscope.bench.mix import MixSpec, generate
+from sessionscope.bench.replay import open_target, replay
 from sessionscope.stores.records import AppendBatch
 from sessionscope.stores.redis import RedisStore
 

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         work = root / "speed"
         work.mkdir()
-        figures = measure(
+        measured = measure(
             config,
             work,
             adk=adk_available() is None,
@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     columns = ["target", Column("ours", True), Column("peer, same run", True)]
     columns += [Column("ratio", True), "limit", "verdict"]
-    print(render_table(columns, list(rows(figures)), title=f"medians of {config.rounds} rounds"))
+    title = f"medians of {config.rounds} rounds"
+    print(render_table(columns, list(rows(measured.figures)), title=title))
     if args.json is not None:
-        args.json.write_text(json.dumps([f.to_dict() for f in figures], indent=2) + "\n")
+        args.json.write_text(json.dumps(measured.to_dict(), indent=2) + "\n")
     return 0
 
 

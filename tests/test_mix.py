@@ -71,9 +71,7 @@ def test_fixed_lengths_make_every_session_that_long() -> None:
 
 def test_events_are_shaped_as_adks_runner_writes_them(mix: list[Record]) -> None:
     events = [r["event"] for r in _stored(mix)]
-    user_texts = [
-        len(e["content"]["parts"][0]["text"]) for e in events if e["author"] == "user"
-    ]
+    user_texts = [len(e["content"]["parts"][0]["text"]) for e in events if e["author"] == "user"]
     assert min(user_texts) >= 50
     assert max(user_texts) <= 2000
     assert max(user_texts) > 1500
@@ -120,7 +118,9 @@ def test_one_append_in_twenty_comes_from_a_second_writer(mix: list[Record]) -> N
     stored = _stored(mix)
     locked = [r for r in stored if r.get("locked")]
     assert 0.04 <= len(locked) / len(stored) <= 0.06
-    assert not any(r.get("locked") for r in mix if r["op"] == "append" and r["event"].get("partial"))
+    assert not any(
+        r.get("locked") for r in mix if r["op"] == "append" and r["event"].get("partial")
+    )
     assert {r["event"]["author"] for r in locked} == {"memory_writer", "notifier"}
     unlocked = [r for r in stored if not r.get("locked")]
     assert not {r["event"]["author"] for r in unlocked} & {"memory_writer", "notifier"}

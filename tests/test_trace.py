@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sessionscope import SyncSessionService
+from sessionscope.bench.mix import MixSpec, generate, generate_trace
 from sessionscope.bench.replay import NativeTarget, replay
 from sessionscope.bench.trace import (
     FORMAT,
@@ -23,7 +24,6 @@ from sessionscope.bench.trace import (
     sample_trace_path,
     write_trace,
 )
-from sessionscope.bench.mix import MixSpec, generate, generate_trace
 from sessionscope.stores import MemoryStore
 
 SMALL = MixSpec(sessions=12, users=4, lengths=(5, 20), seed=5)

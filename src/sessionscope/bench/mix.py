@@ -191,8 +191,10 @@ class _Session:
             if record["event"].get("partial"):
                 continue
             self.left -= 1
-            if self.left > 0 and gen.spec.second_writer and (
-                rng.randrange(_SECOND_WRITER_EVERY) == 0
+            if (
+                self.left > 0
+                and gen.spec.second_writer
+                and (rng.randrange(_SECOND_WRITER_EVERY) == 0)
             ):
                 calls.append(self._second_writer(invocation))
                 self.left -= 1
@@ -316,7 +318,10 @@ class _Session:
     def _second_writer(self, invocation: str) -> dict[str, Any]:
         rng = self.gen.rng
         author = rng.choice(_SECOND_WRITERS)
-        note = {"kind": rng.choice(["reminder", "memory", "status"]), "text": self.gen.text(20, 160)}
+        note = {
+            "kind": rng.choice(["reminder", "memory", "status"]),
+            "text": self.gen.text(20, 160),
+        }
         delta = {
             "notes": [note],
             "background_seq": rng.randrange(1, 10_000),
@@ -335,13 +340,18 @@ class _Session:
         word = rng.choice(_WORDS)
         if name == "search_orders":
             return {
-                "customer": {"id": f"c-{rng.randrange(10**6)}", "tier": rng.choice(["pro", "free"])},
+                "customer": {"id": f"c-{rng.randrange(10**6)}",
+                             "tier": rng.choice(["pro", "free"])},
                 "filters": {"status": rng.sample(["open", "shipped", "closed", "late"], 2),
                             "since": round(_BASE_TIME - rng.uniform(0, 9e6), 3)},
                 "limit": rng.randrange(1, 50),
             }  # fmt: skip
         if name == "get_weather":
-            return {"city": word.title(), "unit": rng.choice(["C", "F"]), "days": rng.randrange(1, 8)}
+            return {
+                "city": word.title(),
+                "unit": rng.choice(["C", "F"]),
+                "days": rng.randrange(1, 8),
+            }
         if name == "book_flight":
             return {
                 "route": {"from": "SFO", "to": rng.choice(["JFK", "LHR", "NRT", "CDG"])},

@@ -600,8 +600,9 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
             except (TypeError, ValueError) as error:
                 message = str(error).splitlines()[0] if str(error) else type(error).__name__
                 raise TraceError(f"{where}: append's event is not one: {message}") from None
-            calls.append(("append", key, event, record["event"],
-                          _shared_keys(key[0], key[1], delta), bool(record.get("locked"))))  # fmt: skip
+            shared = _shared_keys(key[0], key[1], delta)
+            calls.append(("append", key, event, record["event"], shared,
+                          bool(record.get("locked"))))  # fmt: skip
         elif op == "create":
             key = (record["app"], record["user"], record["session"])
             if key in live:

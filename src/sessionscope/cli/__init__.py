@@ -130,7 +130,7 @@ def _parser() -> _Parser:
     gen.add_argument("--apps", type=_positive, default=3)
     gen.add_argument("--users", type=_positive, default=100, help="users over all apps")
     gen.add_argument("--lengths", type=_positive, nargs=2, default=(5, 1000),
-                     metavar=("MIN", "MAX"), help="bounds of a session's stored events")  # fmt: skip
+                     metavar=("MIN", "MAX"), help="bounds of a session's event count")  # fmt: skip
     gen.add_argument("--median-length", type=_positive, default=40,
                      help="median stored events per session (log-normal)")  # fmt: skip
     gen.add_argument("--seed", type=int, default=0)
