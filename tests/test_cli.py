@@ -140,13 +140,22 @@ def test_bench_quick_tiny(tmp_path: Path) -> None:
     assert "raw lmdb put+commit, fsync" in done.stdout
     assert "lift" in done.stdout
     assert "speed targets" in done.stdout
-    assert "raw txn, same gets/puts, fsync" in done.stdout
+    assert "raw py-lmdb txn, fsync" in done.stdout
+    assert "medians over the mix" in done.stdout
     results = json.loads((out / "results.json").read_text())
     names = {figure["name"] for figure in results["targets"]}
-    assert {"native deferred append (sync)", "durable append, async API"} <= names
-    assert "replay --batch 1000" in names
+    assert {
+        "native sync deferred append, over the mix",
+        "native durable append (async), over the mix",
+        "replay --batch 1000 of the mix",
+    } <= names
+    # Without peers, the sweep holds our systems and the raw transaction at every length.
+    sweep = results["mix_sweep_us"]
+    assert set(sweep["raw py-lmdb txn, no fsync"]) == {"10", "40", "200", "1000"}
+    assert "adk InMemory append_event" not in sweep
     assert results["results"][0]["problems"] == []
     assert set(results["throughput_vs_writers"]) >= {"sessionscope lmdb durable, asyncio tasks"}
     pytest.importorskip("matplotlib")
     assert (out / "latency_vs_length.png").stat().st_size > 0
     assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
+    assert (out / "mix_sweep.png").stat().st_size > 0

@@ -41,6 +41,7 @@ from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
 from ..stores.uri import REDIS_SCHEMES, scheme_of
 from . import speed
+from .mix import MixSpec, generate
 from .replay import (
     ADK_SCHEMES,
     LatencyStats,
@@ -50,7 +51,6 @@ from .replay import (
     open_target,
     replay,
 )
-from .mix import MixSpec, generate
 
 __all__ = ["BenchConfig", "BenchReport", "concurrency_sweep", "length_sweep", "raw_lmdb", "run"]
 

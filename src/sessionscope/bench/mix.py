@@ -187,6 +187,7 @@ class _Session:
         for record in events:
             if self.left <= 0:
                 break
+            record["event"]["timestamp"] = gen.clock()
             calls.append(record)
             if record["event"].get("partial"):
                 continue
@@ -196,7 +197,9 @@ class _Session:
                 and gen.spec.second_writer
                 and (rng.randrange(_SECOND_WRITER_EVERY) == 0)
             ):
-                calls.append(self._second_writer(invocation))
+                second = self._second_writer(invocation)
+                second["event"]["timestamp"] = gen.clock()
+                calls.append(second)
                 self.left -= 1
         return calls
 
@@ -210,7 +213,7 @@ class _Session:
     ) -> dict[str, Any]:
         event: dict[str, Any] = {
             "id": f"{self.gen.rng.getrandbits(128):032x}",
-            "timestamp": self.gen.clock(),
+            "timestamp": 0.0,  # set when the event is sent, so the events stay in time order
             "author": author,
             "invocation_id": invocation,
             "content": content,

@@ -87,14 +87,15 @@ def _parser() -> _Parser:
 
     bench = commands.add_parser(
         "bench",
-        help="compare sessionscope with google-adk's session services on one trace",
-        description="Generate a trace, replay it on sessionscope's LMDB store (durable, deferred, "
-        "bulk) and on every peer installed (google-adk in-memory, SQLite, Database), measure "
-        "raw LMDB as the floor, and print medians and ratios.",
+        help="compare sessionscope with google-adk's session services on the agent mix",
+        description="Generate the agent mix, replay it on sessionscope's LMDB store (durable, "
+        "deferred, bulk) and on every peer installed (google-adk in-memory, SQLite, Database), "
+        "measure raw LMDB as the floor, then time every speed target on the mix and on sessions "
+        "of 10 to 1,000 events, each beside its peer, and print medians and ratios.",
     )
-    bench.add_argument("--quick", action="store_true", help="a smaller run (under 20 s)")
-    bench.add_argument("--sessions", type=_positive, help="sessions in the generated trace")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the generated trace")
+    bench.add_argument("--quick", action="store_true", help="a smaller run (about a minute)")
+    bench.add_argument("--sessions", type=_positive, help="sessions of the mix to replay")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the mix")
     bench.add_argument("--budget", type=float, help="seconds each target may replay for")
     bench.add_argument("--out", type=Path, help="also write results.json and PNG charts here")
     bench.add_argument("--no-peers", action="store_true", help="measure sessionscope only")
