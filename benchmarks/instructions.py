@@ -162,12 +162,19 @@ def _async(make_service: Callable[[], Any], native: bool, total: int, count: int
 
 
 def _raw(path: Path, durable: bool, total: int, count: int) -> None:
+    from sessionscope import SyncSessionService
     from sessionscope.bench.speed import raw_txn
 
     work = _workload(total)
     # raw_txn creates every session of the workload, then appends what it is given.
     work.appends = work.appends[:count]
-    raw_txn(work, path, durable)
+    writemap = False
+    if not durable:
+        # Opened as the deferred store it is compared with opens its environment.
+        probe = f"lmdb://{path.parent / 'probe'}?durability=deferred"
+        with SyncSessionService(probe) as service:
+            writemap = bool(getattr(service.store, "writemap", False))
+    raw_txn(work, path, durable, writemap)
 
 
 def child(name: str, total: int, count: int, scratch: Path) -> None:
