@@ -57,7 +57,7 @@ from sessionscope.stores.redis import RedisStore
 APP, USER = "bench", "user"
 LENGTHS = (10, 100, 1000)
 SESSIONS_PER_USER = 10
-# The trace of `sessionscope bench`: 400 sessions over 2 apps of 50 users each.
+# The mix `sessionscope bench` replays: 400 sessions of the agent mix.
 REPLAY_SESSIONS = 400
 REPLAY_BATCH = 1000
 
