@@ -113,6 +113,29 @@ def test_generate_is_deterministic(tmp_path: Path) -> None:
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
 
+def test_generate_writes_the_mix_of_the_options_given(tmp_path: Path) -> None:
+    out = tmp_path / "mix.jsonl"
+    done = run(
+        "generate", str(out), "--sessions", "8", "--apps", "2", "--users", "3",
+        "--lengths", "12", "12", "--seed", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    header, records = load_trace(out)
+    assert header["generator"]["lengths"] == [12, 12]
+    stored = [r for r in records if r["op"] == "append" and not r["event"].get("partial")]
+    assert len(stored) == 8 * 12
+    assert {r["app"] for r in records} <= {"app-0", "app-1"}
+    assert len({r["user"] for r in records if r["op"] == "create"}) <= 3
+
+
+def test_generate_refuses_lengths_upside_down_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "mix.jsonl"
+    done = run("generate", str(out), "--lengths", "50", "10")
+    assert done.returncode == 2
+    assert "--lengths 50 10" in done.stderr
+    assert not out.exists()
+
+
 def test_export_then_replay(tmp_path: Path) -> None:
     _, records = load_trace(sample_trace_path())
     uri = f"lmdb://{tmp_path / 'store'}?durability=deferred"
