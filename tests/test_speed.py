@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lmdb
 import msgpack
+import pytest
 
 from sessionscope import SyncSessionService
 from sessionscope.bench.speed import (
@@ -122,6 +123,7 @@ def test_the_raw_transaction_writes_every_event_and_state_item(tmp_path: Path) -
 
 
 def test_native_and_adk_runs_time_every_append_and_read(tmp_path: Path) -> None:
+    pytest.importorskip("google.adk")
     work = Workload.of(mix_spec(3, seed=3, length=12))
     native = native_async(f"lmdb://{tmp_path / 'n'}?durability=deferred", work, gets=True)
     assert len(native["append"]) == 36

@@ -1,13 +1,14 @@
-"""The ``sessionscope bench`` job: one trace, every store, one table.
+"""The ``sessionscope bench`` job: the agent mix, every store, one table.
 
-It generates a trace, replays it on sessionscope's embedded LMDB store
+It generates the agent mix (``mix``), replays it on sessionscope's embedded LMDB store
 (durable, deferred, and deferred through the bulk path) and on every peer
 importable in this process (google-adk's in-memory, SQLite and Database
 services, and sessionscope's ADK adapter), measures raw LMDB put/commit with
 and without fsync as the floor, then sweeps latency against session length
 and throughput against the number of concurrent writers. Slow peers replay
 the trace only as far as a time budget allows; their state is verified for
-the part they replayed.
+the part they replayed. The speed targets (``speed``) end the run: each
+on the mix beside its peer, and on mix sessions of 10 to 1,000 events.
 """
 
 from __future__ import annotations
