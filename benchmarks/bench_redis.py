@@ -2,7 +2,8 @@
 
 As a script, printing median times (microseconds) per operation at 10, 100 and
 1,000 events per session, the ratio of ADK's time to ours, a bare FCALL round
-trip (async and sync), the bulk append rate (one session, and fifty
+trip (async and sync), appends and reads on sessions of the agent mix
+against ADK's service, the bulk append rate (one session, and fifty
 interleaved) and the rate of a replay of a generated 400-session trace in
 batches of 1,000 (what ``sessionscope replay --store redis://... --batch 1000``
 reports as events/s of append time), all measured in the same run on the same
@@ -48,15 +49,15 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
+from sessionscope.bench.mix import MixSpec, generate
 from sessionscope.bench.replay import open_target, replay
-from sessionscope.bench.trace import TraceSpec, generate
 from sessionscope.stores.records import AppendBatch
 from sessionscope.stores.redis import RedisStore
 
 APP, USER = "bench", "user"
 LENGTHS = (10, 100, 1000)
 SESSIONS_PER_USER = 10
-# The trace of `sessionscope bench`: 400 sessions over 2 apps of 50 users each.
+# The mix `sessionscope bench` replays: 400 sessions of the agent mix.
 REPLAY_SESSIONS = 400
 REPLAY_BATCH = 1000
 
@@ -247,9 +248,9 @@ def replay_rate(url: str, prefix: str, reads: bool = True) -> tuple[float, float
     of their answers does not. Calls/s is over the whole replay (every
     create, append, read, listing and delete of the trace).
     """
-    spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0)
+    spec = MixSpec(sessions=REPLAY_SESSIONS, seed=0)
     if not reads:
-        spec = TraceSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
+        spec = MixSpec(sessions=REPLAY_SESSIONS, seed=0, get_every_turn=False, list_every=0,
                          delete_fraction=0.0)  # fmt: skip
     records = list(generate(spec))
     target = open_target(f"{url}?prefix={prefix}-replay{'' if reads else '-writes'}")
@@ -296,6 +297,42 @@ async def run(url: str, rounds: int, bulk_events: int) -> dict[str, Any]:
     return results
 
 
+def mix_rows(url: str, sessions: int) -> dict[str, Any]:
+    """Return median append and reads on the agent mix: ours (native async) and ADK's service.
+
+    Both take the same sessions of the mix (``sessionscope.bench.speed``),
+    appended in the mix's order; ours sends the second writer's appends
+    through ``append_event_locked``, ADK's has only ``append_event``.
+    """
+    import redis
+
+    from sessionscope.bench.speed import Workload, adk_run, mix_spec, native_async
+
+    work = Workload.of(mix_spec(sessions, seed=0))
+    prefix = f"benchmix{uuid.uuid4().hex[:8]}"
+    adk_prefix = f"adkbenchmix{uuid.uuid4().hex[:8]}:"
+    try:
+        ours = native_async(f"{url}?prefix={prefix}", work, gets=True)
+        theirs = adk_run(
+            lambda: AdkRedisSessionService(
+                RedisSessionServiceConfig(uri=url, key_prefix=adk_prefix)
+            ),
+            work,
+            gets=True,
+        )
+    finally:
+        RedisStore(url, prefix=prefix).destroy()
+        client = redis.Redis.from_url(url)
+        for key in client.scan_iter(match=adk_prefix + "*"):
+            client.delete(key)
+        client.close()
+    medians = {
+        side: {op: statistics.median(found[op]) / 1e3 for op in ("append", "get", "get_recent")}
+        for side, found in (("ours", ours), ("adk", theirs))
+    }
+    return {"appends": len(work.appends), "sessions": sessions, **medians}
+
+
 def report(results: dict[str, Any]) -> str:
     lines = [
         "median microseconds per call (one redis-server, async API, same run)",
@@ -320,6 +357,15 @@ def report(results: dict[str, Any]) -> str:
     lines.append(f"append_many on one connection: {results['bulk']:,.0f} events/s "
                  f"(one session), {results['bulk interleaved']:,.0f} events/s "
                  "(50 sessions interleaved)")  # fmt: skip
+    mix = results.get("mix")
+    if mix is not None:
+        ours, theirs = mix["ours"], mix["adk"]
+        lines.append(f"on the agent mix ({mix['sessions']} sessions, {mix['appends']:,} appends), "
+                     "median us, ours / adk RedisSessionService:")  # fmt: skip
+        for op, name in (("append", "append"), ("get_recent", "get last 10"), ("get", "full get")):
+            lines.append(f"  {name:<12}{ours[op]:>10.0f}{theirs[op]:>12.0f}"
+                         f"{theirs[op] / ours[op]:>9.1f}x")  # fmt: skip
+        lines.append(f"  native append on the mix = {ours['append'] / fcall:.2f}x a bare FCALL")
     (with_reads, calls), (writes, _) = results["replay"], results["replay writes"]
     lines.append(f"bulk replay of a {REPLAY_SESSIONS}-session trace, batches of "
                  f"{REPLAY_BATCH:,}: {with_reads:,.0f} events/s of append time "
@@ -333,6 +379,8 @@ def main() -> None:
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--rounds", type=int, default=60, help="timed calls per operation")
     parser.add_argument("--bulk-events", type=int, default=50_000)
+    parser.add_argument("--mix-sessions", type=int, default=20,
+                        help="sessions of the agent mix timed on both services")  # fmt: skip
     parser.add_argument(
         "--same-cpu", type=int, metavar="CPU",
         help="run the started redis-server and this process on one CPU (Linux): a round "
@@ -351,6 +399,7 @@ def main() -> None:
         if args.same_cpu is not None:
             os.sched_setaffinity(0, {args.same_cpu})
         results = asyncio.run(run(url, args.rounds, args.bulk_events))
+        results["mix"] = mix_rows(url, args.mix_sessions)
         print(report(results))
     finally:
         if proc is not None:

@@ -1,23 +1,25 @@
 """Every speed target, each figure beside its peer measured in the same run.
 
-As a script (about 40 seconds; ``--quick`` about 10)::
+As a script (about three minutes; ``--quick`` about one)::
 
     python benchmarks/bench_speed.py [--rounds 7] [--quick] [--json out.json]
 
-The figures are medians over rounds of each round's median; a round times our
-side and its peer one after the other. What is compared with what:
+The figures are medians over rounds of each round's median; each round
+times every system on the same sessions of the agent mix
+(``sessionscope.bench.mix``) and on mix sessions of 10, 40, 200 and 1,000
+events. What is compared with what (``sessionscope/bench/speed.py``):
 
-- native deferred append (async service) and the ADK adapter's deferred
-  append against ADK ``InMemorySessionService.append_event``, all on the same
-  user/model/tool events with deltas on session, ``user:``, ``app:`` and
-  ``temp:`` keys;
-- the native deferred append (sync service) against a raw py-lmdb
-  transaction making exactly the gets and puts that append made (recorded
-  from a store, replayed with no Python around them but the loop);
+- the native async deferred append against ADK ``InMemorySessionService``,
+  over the mix and at 40-event sessions; the ADK adapter against the native
+  async append;
+- the native sync deferred append against a raw py-lmdb transaction of the
+  same shape (the event and its state items packed with msgpack, one
+  transaction, no sessionscope code);
 - durable appends through the sync and async services against that raw
-  transaction with fsync;
-- ``append_many`` in batches of 1,000 and ``replay --batch 1000``, deferred,
-  in events/s;
+  transaction with fsync, and against ADK's Sqlite and Database services;
+- ``get_session`` whole and of the last 10 events against ADK InMemory;
+- ``append_many`` in batches of 1,000 and ``replay --batch 1000`` of the mix,
+  deferred, in events/s;
 - group-commit lift from 1 to 64 writers (asyncio tasks, threads), durable;
 - a ``list_sessions`` page of 100 at 100,000 sessions against the same page
   at 1,000, and the whole listing of 10,000 sessions (ADK InMemory beside it);
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         work = root / "speed"
         work.mkdir()
-        figures = measure(
+        measured = measure(
             config,
             work,
             adk=adk_available() is None,
@@ -89,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     columns = ["target", Column("ours", True), Column("peer, same run", True)]
     columns += [Column("ratio", True), "limit", "verdict"]
-    print(render_table(columns, list(rows(figures)), title=f"medians of {config.rounds} rounds"))
+    title = f"medians of {config.rounds} rounds"
+    print(render_table(columns, list(rows(measured.figures)), title=title))
     if args.json is not None:
-        args.json.write_text(json.dumps([f.to_dict() for f in figures], indent=2) + "\n")
+        args.json.write_text(json.dumps(measured.to_dict(), indent=2) + "\n")
     return 0
 
 

@@ -113,6 +113,29 @@ def test_generate_is_deterministic(tmp_path: Path) -> None:
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
 
+def test_generate_writes_the_mix_of_the_options_given(tmp_path: Path) -> None:
+    out = tmp_path / "mix.jsonl"
+    done = run(
+        "generate", str(out), "--sessions", "8", "--apps", "2", "--users", "3",
+        "--lengths", "12", "12", "--seed", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    header, records = load_trace(out)
+    assert header["generator"]["lengths"] == [12, 12]
+    stored = [r for r in records if r["op"] == "append" and not r["event"].get("partial")]
+    assert len(stored) == 8 * 12
+    assert {r["app"] for r in records} <= {"app-0", "app-1"}
+    assert len({r["user"] for r in records if r["op"] == "create"}) <= 3
+
+
+def test_generate_refuses_lengths_upside_down_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "mix.jsonl"
+    done = run("generate", str(out), "--lengths", "50", "10")
+    assert done.returncode == 2
+    assert "--lengths 50 10" in done.stderr
+    assert not out.exists()
+
+
 def test_export_then_replay(tmp_path: Path) -> None:
     _, records = load_trace(sample_trace_path())
     uri = f"lmdb://{tmp_path / 'store'}?durability=deferred"
@@ -140,13 +163,22 @@ def test_bench_quick_tiny(tmp_path: Path) -> None:
     assert "raw lmdb put+commit, fsync" in done.stdout
     assert "lift" in done.stdout
     assert "speed targets" in done.stdout
-    assert "raw txn, same gets/puts, fsync" in done.stdout
+    assert "raw py-lmdb txn, fsync" in done.stdout
+    assert "medians over the mix" in done.stdout
     results = json.loads((out / "results.json").read_text())
     names = {figure["name"] for figure in results["targets"]}
-    assert {"native deferred append (sync)", "durable append, async API"} <= names
-    assert "replay --batch 1000" in names
+    assert {
+        "native sync deferred append, over the mix",
+        "native durable append (async), over the mix",
+        "replay --batch 1000 of the mix",
+    } <= names
+    # Without peers, the sweep holds our systems and the raw transaction at every length.
+    sweep = results["mix_sweep_us"]
+    assert set(sweep["raw py-lmdb txn, no fsync"]) == {"10", "40", "200", "1000"}
+    assert "adk InMemory append_event" not in sweep
     assert results["results"][0]["problems"] == []
     assert set(results["throughput_vs_writers"]) >= {"sessionscope lmdb durable, asyncio tasks"}
     pytest.importorskip("matplotlib")
     assert (out / "latency_vs_length.png").stat().st_size > 0
     assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
+    assert (out / "mix_sweep.png").stat().st_size > 0

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sessionscope import Event, EventActions
+from sessionscope.bench.mix import MixSpec, generate
 from sessionscope.bench.replay import (
     LatencyStats,
     NativeTarget,
@@ -21,7 +22,7 @@ from sessionscope.bench.replay import (
     replay,
     verify,
 )
-from sessionscope.bench.trace import Expectation, TraceSpec, generate, load_trace, sample_trace_path
+from sessionscope.bench.trace import Expectation, load_trace, sample_trace_path
 
 Record = dict[str, Any]
 
@@ -60,7 +61,8 @@ def test_replay_verifies(kind: str, tmp_path: Path, records: list[Record]) -> No
 
 @pytest.mark.parametrize("kind", ["memory", "lmdb-deferred"])
 def test_bulk_replay_verifies(kind: str, tmp_path: Path) -> None:
-    records = list(generate(TraceSpec(sessions=30, seed=2, get_every_turn=False, list_every=0)))
+    spec = MixSpec(sessions=30, lengths=(5, 60), seed=2, get_every_turn=False, list_every=0)
+    records = list(generate(spec))
     result = _replay_on(kind, tmp_path, records, batch=64)
     assert result.problems == []
     assert result.batch == 64
@@ -90,7 +92,7 @@ def test_a_create_waits_for_a_batch_that_sets_the_same_shared_key(
 @pytest.mark.parametrize("kind", ["memory", "lmdb-deferred"])
 def test_bulk_replay_with_reads_verifies(kind: str, tmp_path: Path) -> None:
     """Where reads cannot ride in a batch, each read sends the pending batch first."""
-    records = list(generate(TraceSpec(sessions=20, seed=4)))
+    records = list(generate(MixSpec(sessions=20, lengths=(5, 60), seed=4)))
     result = _replay_on(kind, tmp_path, records, batch=64)
     assert result.problems == []
     assert "get_in_batch" not in result.latency

@@ -21,8 +21,8 @@ import _stores
 from _redis import RedisCluster, RedisServer
 from _stores import APP, USER, ev, event_ids
 from sessionscope import Event, GetSessionConfig, Session, SessionService, SyncSessionService
+from sessionscope.bench.mix import MixSpec, generate
 from sessionscope.bench.replay import NativeTarget, replay
-from sessionscope.bench.trace import TraceSpec, generate
 from sessionscope.errors import (
     DuplicateEventError,
     IncompatibleStoreError,
@@ -712,7 +712,9 @@ def test_reads_carried_in_a_batch_answer_what_reads_in_turn_do(uri: str, trace: 
     records = (
         _reads_trace()
         if trace == "hand"
-        else list(generate(TraceSpec(sessions=24, seed=5, concurrent=8, list_every=30)))
+        else list(
+            generate(MixSpec(sessions=24, lengths=(5, 60), seed=5, concurrent=8, list_every=30))
+        )
     )
     plain = _Recording("memory://")
     bulk = _Recording(uri)

@@ -1,13 +1,14 @@
-"""The ``sessionscope bench`` job: one trace, every store, one table.
+"""The ``sessionscope bench`` job: the agent mix, every store, one table.
 
-It generates a trace, replays it on sessionscope's embedded LMDB store
+It generates the agent mix (``mix``), replays it on sessionscope's embedded LMDB store
 (durable, deferred, and deferred through the bulk path) and on every peer
 importable in this process (google-adk's in-memory, SQLite and Database
 services, and sessionscope's ADK adapter), measures raw LMDB put/commit with
 and without fsync as the floor, then sweeps latency against session length
 and throughput against the number of concurrent writers. Slow peers replay
 the trace only as far as a time budget allows; their state is verified for
-the part they replayed.
+the part they replayed. The speed targets (``speed``) end the run: each
+on the mix beside its peer, and on mix sessions of 10 to 1,000 events.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import os
 import platform
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -40,6 +42,7 @@ from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
 from ..stores.uri import REDIS_SCHEMES, scheme_of
 from . import speed
+from .mix import MixSpec, generate
 from .replay import (
     ADK_SCHEMES,
     LatencyStats,
@@ -49,7 +52,6 @@ from .replay import (
     open_target,
     replay,
 )
-from .trace import TraceSpec, generate
 
 __all__ = ["BenchConfig", "BenchReport", "concurrency_sweep", "length_sweep", "raw_lmdb", "run"]
 
@@ -99,6 +101,9 @@ class BenchReport:
     lengths: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     concurrency: dict[str, dict[int, float]] = field(default_factory=dict)
     targets: list[speed.Figure] = field(default_factory=list)
+    # Medians (us) over the mix, and per session length, of every system the targets compare.
+    mix: dict[str, float] = field(default_factory=dict)
+    mix_sweep: dict[str, dict[int, float]] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +118,8 @@ class BenchReport:
             "throughput_vs_writers": self.concurrency,
             "concurrency_lift": {name: lift(v) for name, v in self.concurrency.items()},
             "targets": [figure.to_dict() for figure in self.targets],
+            "mix_us": self.mix,
+            "mix_sweep_us": self.mix_sweep,
             "elapsed_s": self.elapsed_s,
         }
 
@@ -157,7 +164,7 @@ class BenchReport:
         out = [
             f"sessionscope bench on {self.machine['cpu']} ({self.machine['cores']} cores), "
             f"Python {self.machine['python']}, core={self.machine['core']}",
-            f"trace: {self.config['sessions']} sessions, seed {self.config['seed']}; "
+            f"the agent mix: {self.config['sessions']} sessions, seed {self.config['seed']}; "
             "medians in microseconds; ratio = median / sessionscope durable",
             "",
             render_table(["target", *(Column(n, True) for n in numeric), "verify"], rows),
@@ -188,6 +195,20 @@ class BenchReport:
             columns = ["target", *(Column(str(n), True) for n in writers)]
             columns.append(Column("lift", True))
             title = "durable appends per second against concurrent writers"
+            out += ["", render_table(columns, cells, title=title)]
+        if self.mix:
+            cells = [[name, _num(value)] for name, value in self.mix.items()]
+            title = "medians over the mix (us), every system on the same sessions"
+            out += ["", render_table(["system / operation", Column("us", True)], cells,
+                                     title=title)]  # fmt: skip
+        if self.mix_sweep:
+            lengths = sorted({n for values in self.mix_sweep.values() for n in values})
+            cells = [
+                [name, *(_num(values.get(n, math.nan)) for n in lengths)]
+                for name, values in self.mix_sweep.items()
+            ]
+            columns = ["system / operation", *(Column(f"{n:,}", True) for n in lengths)]
+            title = "medians (us) on mix sessions of each length (events per session)"
             out += ["", render_table(columns, cells, title=title)]
         if self.targets:
             columns = ["target", Column("ours", True), Column("peer, same run", True)]
@@ -485,9 +506,14 @@ def concurrency_sweep(
 
         sqlite: dict[int, float] = {}
         for n in writers:
-            sqlite[n] = _adk_tasks_throughput(
-                SqliteSessionService(str(directory / f"adk-{n}.db")), n, seconds
-            )
+            try:
+                sqlite[n] = _adk_tasks_throughput(
+                    SqliteSessionService(str(directory / f"adk-{n}.db")), n, seconds
+                )
+            except sqlite3.OperationalError:
+                # Its writers time out on SQLite's lock ("database is locked")
+                # when commits are slow: the peer has no figure at this count.
+                break
         results["adk SqliteSessionService, asyncio tasks"] = sqlite
     return results
 
@@ -546,7 +572,7 @@ def run(
     log = log if log is not None else sys.stderr
     started = time.perf_counter()
     report = BenchReport(machine(), _config_dict(config))
-    spec = TraceSpec(sessions=config.sessions, seed=config.seed)
+    spec = MixSpec(sessions=config.sessions, seed=config.seed)
     records = list(generate(spec))
     directory = Path(tempfile.mkdtemp(prefix="sessionscope-bench-"))
     targets: list[tuple[str, int]] = []
@@ -582,7 +608,10 @@ def run(
             directory, config.writers, config.writer_seconds, config.peers
         )
         if config.targets is not None:
-            report.targets = _speed_targets(config.targets, config.peers, report, directory, log)
+            measured = _speed_targets(config.targets, config.peers, report, directory, log)
+            report.targets = measured.figures
+            report.mix = measured.mix
+            report.mix_sweep = measured.sweep
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         _drop_scoped_stores(targets)
@@ -594,7 +623,7 @@ def run(
 
 def _speed_targets(
     config: speed.SpeedConfig, peers: bool, report: BenchReport, directory: Path, log: IO[str]
-) -> list[speed.Figure]:
+) -> speed.SpeedReport:
     def say(line: str) -> None:
         log.write(line + "\n")
         log.flush()
@@ -695,6 +724,17 @@ def _charts(report: BenchReport, out: Path) -> list[Path]:
         return path
 
     paths = []
+    if report.mix_sweep:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for axis, kind, title in zip(
+            axes, ("append", "get_session"), ("appends", "reads"), strict=True
+        ):
+            for name, values in report.mix_sweep.items():
+                if ("get_session" in name) == (kind == "get_session") and values:
+                    xs = sorted(values)
+                    axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
+            style(axis, "events per session (agent mix)", "median latency (us)", title)
+        paths.append(save(fig, "mix_sweep.png"))
     if report.lengths:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         for axis, op, title in zip(

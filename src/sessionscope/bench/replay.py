@@ -138,6 +138,10 @@ class Target:
         """Append one event to the live copy of a session."""
         raise NotImplementedError
 
+    def append_locked(self, key: Key, event: Any) -> None:
+        """Append one event of a second writer of the session (``append`` where none is)."""
+        self.append(key, event)
+
     def append_many(self, appends: list[tuple[Key, Any]]) -> None:
         """Append events through the bulk path (one at a time where there is none)."""
         for key, event in appends:
@@ -243,6 +247,10 @@ class NativeTarget(Target):
     def append(self, key: Key, event: Event) -> None:
         """Append one event to the live copy."""
         self.service.append_event(self.live[key], event)
+
+    def append_locked(self, key: Key, event: Event) -> None:
+        """Append one event of a second writer through ``append_event_locked``."""
+        self.service.append_event_locked(self.live[key], event)
 
     def append_many(self, appends: list[tuple[Key, Any]]) -> None:
         """Append a batch in one transaction."""
@@ -592,8 +600,9 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
             except (TypeError, ValueError) as error:
                 message = str(error).splitlines()[0] if str(error) else type(error).__name__
                 raise TraceError(f"{where}: append's event is not one: {message}") from None
-            calls.append(("append", key, event, record["event"],
-                          _shared_keys(key[0], key[1], delta)))  # fmt: skip
+            shared = _shared_keys(key[0], key[1], delta)
+            calls.append(("append", key, event, record["event"], shared,
+                          bool(record.get("locked"))))  # fmt: skip
         elif op == "create":
             key = (record["app"], record["user"], record["session"])
             if key in live:
@@ -763,7 +772,10 @@ def _replay(
                     flush_batch()
             else:
                 start = clock()
-                target.append(call[1], call[2])
+                if call[5]:
+                    target.append_locked(call[1], call[2])
+                else:
+                    target.append(call[1], call[2])
                 spent = clock() - start
                 append_ns += spent
                 samples.setdefault("append", []).append(spent)

@@ -6,9 +6,18 @@ and reports the median over rounds of each round's median. ``sessionscope
 bench`` prints them as one table; ``benchmarks/bench_speed.py`` runs them on
 their own with more rounds.
 
-The workload is one agent turn after another: a user message, a model reply
-that calls a tool, the tool's answer, each with a state delta on a session
-key, a ``user:`` key, an ``app:`` key and a ``temp:`` key.
+The workload is the agent mix (``mix``): each round times every system on
+the same sessions of the mix, appended in the mix's order (the second
+writer's appends through ``append_event_locked`` where the system has it),
+then reads each session whole and its last 10 events; the same again on
+sessions of 10, 40, 200 and 1,000 events (the sweep). Durable appends are
+timed on the round's first ``durable_appends`` appends. The peers: google-adk's
+InMemory, Sqlite and Database services, and a raw py-lmdb transaction of the
+same shape (``raw_txn``: the same events and state items, packed with msgpack,
+in one transaction, no sessionscope code).
+
+``turn_records`` is the fixed turn of the earlier, narrower workload, kept
+for the benchmarks that study one append in isolation.
 """
 
 from __future__ import annotations
@@ -23,14 +32,26 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgpack
 
-from ..model import Event
+from ..model import Event, GetSessionConfig
 from ..service.core import event_from_record
 from ..service.facade import SessionService, SyncSessionService
 from ..stores.lmdb.store import LmdbStore
 from ..stores.records import AppendRequest, AppendResult
+from .mix import MixSpec, generate
+from .replay import collector_paused, native_event
 
-__all__ = ["Figure", "SpeedConfig", "measure", "turn_records"]
+__all__ = [
+    "Figure",
+    "SpeedConfig",
+    "SpeedReport",
+    "Workload",
+    "measure",
+    "mix_spec",
+    "raw_txn",
+    "turn_records",
+]
 
 _TEXT = (
     "The quarterly report shows revenue up 12% year over year, driven by demand in the "
@@ -43,21 +64,27 @@ _START = 1_767_225_600.0
 class SpeedConfig:
     """How many rounds and how much work each measurement takes."""
 
-    rounds: int = 5
-    appends: int = 300
-    durable_appends: int = 120
-    bulk_events: int = 20_000
+    rounds: int = 3
+    # Sessions of the mix whose appends and reads are timed, per round.
+    mix_sessions: int = 60
+    # The session-length sweep: per length, about this many appends.
+    sweep: tuple[int, ...] = (10, 40, 200, 1000)
+    sweep_events: int = 3000
+    durable_appends: int = 150
+    # Sessions of the mix appended through append_many and replayed, per round.
+    bulk_sessions: int = 300
     list_sizes: tuple[int, int] = (1_000, 100_000)
     full_listing: int = 10_000
 
     @classmethod
     def quick(cls) -> SpeedConfig:
-        """Return the settings of ``bench --quick``: fewer rounds, smaller stores."""
+        """Return the settings of ``bench --quick``: one round, smaller workloads."""
         return cls(
-            rounds=2,
-            appends=150,
+            rounds=1,
+            mix_sessions=25,
+            sweep_events=1000,
             durable_appends=40,
-            bulk_events=5_000,
+            bulk_sessions=80,
             list_sizes=(1_000, 10_000),
             full_listing=2_000,
         )
@@ -78,7 +105,8 @@ class Figure:
     peer_name: str
     peer: float | None
     unit: str
-    limit: float
+    # None: shown beside its peer, with no target.
+    limit: float | None
     most: bool = True
     absolute: bool = False
 
@@ -90,8 +118,10 @@ class Figure:
         return self.ours / self.peer
 
     @property
-    def met(self) -> bool:
-        """Return whether the target holds."""
+    def met(self) -> bool | None:
+        """Return whether the target holds; None for a figure shown with no target."""
+        if self.limit is None:
+            return None
         value = self.ours if self.absolute or self.peer is None else self.ratio
         if value is None:
             return False
@@ -101,6 +131,8 @@ class Figure:
     def target(self) -> str:
         """Return the target as a reader states it, e.g. ``<= 1.5x``."""
         sign = "<=" if self.most else ">="
+        if self.limit is None:
+            return "-"
         if self.absolute or self.peer is None:
             return f"{sign} {self.limit:,g} {self.unit}"
         return f"{sign} {self.limit:g}x"
@@ -179,56 +211,6 @@ def _over_rounds(values: list[float]) -> float:
     return statistics.median(values)
 
 
-# -- appends against ADK's in-memory service -------------------------------------------
-
-
-async def _timed_appends(service: Any, session: Any, events: list[Any]) -> list[int]:
-    clock = time.perf_counter_ns
-    samples = []
-    for event in events:
-        begin = clock()
-        await service.append_event(session, event)
-        samples.append(clock() - begin)
-    return samples
-
-
-def _adk_rounds(config: SpeedConfig, directory: Path, adk: bool) -> dict[str, list[float]]:
-    """Return per-round medians of native deferred, adapter deferred and ADK InMemory appends."""
-    rounds: dict[str, list[float]] = {"native": [], "adapter": [], "adk": []}
-
-    async def one_round(number: int) -> None:
-        records = turn_records(config.appends, prefix=f"r{number}")
-        native = SessionService(f"lmdb://{directory / f'native-{number}'}?durability=deferred")
-        try:
-            session = await native.create_session(app_name="speed", user_id="u")
-            samples = await _timed_appends(native, session, _native_events(records))
-            rounds["native"].append(_median_us(samples))
-        finally:
-            await native.close()
-        if not adk:
-            return
-        from google.adk.events import Event as AdkEvent
-        from google.adk.sessions import InMemorySessionService
-
-        from ..adk import LmdbSessionService
-
-        memory = InMemorySessionService()
-        theirs = await memory.create_session(app_name="speed", user_id="u")
-        events = [AdkEvent.model_validate(_copy(r)) for r in records]
-        rounds["adk"].append(_median_us(await _timed_appends(memory, theirs, events)))
-        adapter = LmdbSessionService(str(directory / f"adapter-{number}"), durability="deferred")
-        try:
-            adapted = await adapter.create_session(app_name="speed", user_id="u")
-            events = [AdkEvent.model_validate(_copy(r)) for r in records]
-            rounds["adapter"].append(_median_us(await _timed_appends(adapter, adapted, events)))
-        finally:
-            await adapter.close()
-
-    for number in range(config.rounds):
-        asyncio.run(one_round(number))
-    return rounds
-
-
 # -- appends against a raw transaction of the same shape --------------------------------
 
 
@@ -285,108 +267,366 @@ def append_shapes(records: list[dict[str, Any]], directory: Path) -> list[list[A
         store.close()
 
 
-def _raw_samples(
-    shapes: list[list[Any]], path: Path, durable: bool, writemap: bool = False
-) -> list[int]:
-    """Time one raw py-lmdb transaction per shape: its gets and puts, then the commit.
+# -- the mix, prepared -----------------------------------------------------------------
 
-    ``writemap`` opens the environment as the store it is compared with was
-    opened: a deferred store writes through a writable map where it could
-    reserve the file, and that mode alone makes a commit about twice as cheap.
-    """
-    env = lmdb.open(
-        str(path),
-        map_size=1 << 30,
-        max_dbs=6,
-        sync=durable,
-        metasync=True,
-        readahead=False,
-        writemap=writemap,
+Key = tuple[str, str, str]
+
+# The names of the measured series, in the order the tables show them.
+ASYNC = "native async deferred append"
+SYNC = "native sync deferred append"
+ADAPTER = "adk adapter deferred append"
+ADK_MEMORY = "adk InMemory append_event"
+RAW = "raw py-lmdb txn, no fsync"
+GET_FULL = "native get_session, whole"
+ADK_GET_FULL = "adk InMemory get_session, whole"
+GET_RECENT = "native get_session, last 10"
+ADK_GET_RECENT = "adk InMemory get_session, last 10"
+DURABLE_SYNC = "native durable append (sync)"
+DURABLE_ASYNC = "native durable append (async)"
+RAW_DURABLE = "raw py-lmdb txn, fsync"
+ADK_SQLITE = "adk Sqlite append_event"
+ADK_DATABASE = "adk Database append_event"
+
+
+@dataclass(slots=True)
+class Workload:
+    """The sessions of a mix and their stored appends, in the mix's order."""
+
+    creates: list[tuple[Key, dict[str, Any]]]
+    # (session, event record, whether a second writer sends it through the locked path)
+    appends: list[tuple[Key, dict[str, Any], bool]]
+
+    @classmethod
+    def of(cls, spec: MixSpec) -> Workload:
+        """Return the creates and stored appends of a generated mix (reads and deletes left out)."""
+        creates: list[tuple[Key, dict[str, Any]]] = []
+        appends: list[tuple[Key, dict[str, Any], bool]] = []
+        for record in generate(spec):
+            key = (record["app"], record.get("user") or "", record.get("session") or "")
+            if record["op"] == "create":
+                creates.append((key, record.get("state") or {}))
+            elif record["op"] == "append" and not record["event"].get("partial"):
+                appends.append((key, record["event"], bool(record.get("locked"))))
+        return cls(creates, appends)
+
+    def head(self, count: int) -> Workload:
+        """Return the first ``count`` appends and the sessions they go to."""
+        appends = self.appends[:count]
+        used = {key for key, _, _ in appends}
+        return Workload([c for c in self.creates if c[0] in used], appends)
+
+
+def mix_spec(sessions: int, seed: int, length: int | None = None) -> MixSpec:
+    """Return a mix of ``sessions`` sessions (each ``length`` events long if given), writes only."""
+    lengths = (length, length) if length else MixSpec().lengths
+    return MixSpec(
+        sessions=sessions,
+        lengths=lengths,
+        seed=seed,
+        get_every_turn=False,
+        list_every=0,
+        delete_fraction=0.0,
     )
-    try:
-        names = (b"meta", b"sessions", b"shared", b"data", b"listing")
-        handles = {name: env.open_db(name) for name in names}
-        plans = [[(what, handles[db], key, value) for what, db, key, value in s] for s in shapes]
+
+
+def _fresh(record: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of an event record whose delta an append may change."""
+    copied = dict(record)
+    actions = record.get("actions")
+    if actions is not None:
+        copied["actions"] = {**actions, "state_delta": dict(actions.get("state_delta") or {})}
+    return copied
+
+
+async def _timed_appends(service: Any, session: Any, events: list[Any]) -> list[int]:
+    """Time ``append_event`` of each event on one session (an async service)."""
+    clock = time.perf_counter_ns
+    samples = []
+    for event in events:
+        begin = clock()
+        await service.append_event(session, event)
+        samples.append(clock() - begin)
+    return samples
+
+
+async def _async_run(
+    service: Any, work: Workload, make_event: Callable[[dict[str, Any]], Any],
+    locked: bool, get_config: Callable[[int | None], Any] | None,
+) -> dict[str, list[int]]:  # fmt: skip
+    """Create the sessions, time every append (and then two reads of each session)."""
+    live = {}
+    for key, state in work.creates:
+        live[key] = await service.create_session(
+            app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
+        )
+    events = [
+        (live[key], make_event(_fresh(r)), second and locked) for key, r, second in work.appends
+    ]
+    clock = time.perf_counter_ns
+    appends: list[int] = []
+    with collector_paused():
+        for session, event, through_lock in events:
+            begin = clock()
+            if through_lock:
+                await service.append_event_locked(session, event)
+            else:
+                await service.append_event(session, event)
+            appends.append(clock() - begin)
+        out = {"append": appends}
+        if get_config is not None:
+            whole: list[int] = []
+            recent: list[int] = []
+            full, last = get_config(None), get_config(10)
+            for app, user, sid in live:
+                begin = clock()
+                await service.get_session(app_name=app, user_id=user, session_id=sid, config=full)
+                whole.append(clock() - begin)
+                begin = clock()
+                await service.get_session(app_name=app, user_id=user, session_id=sid, config=last)
+                recent.append(clock() - begin)
+            out["get"] = whole
+            out["get_recent"] = recent
+    return out
+
+
+def _native_config(count: int | None) -> GetSessionConfig | None:
+    return None if count is None else GetSessionConfig(num_recent_events=count)
+
+
+def native_async(uri: str, work: Workload, gets: bool = False) -> dict[str, list[int]]:
+    """Time the native async service's appends (and reads) of a workload."""
+
+    async def main() -> dict[str, list[int]]:
+        async with SessionService(uri) as service:
+            config = _native_config if gets else None
+            return await _async_run(service, work, native_event, True, config)
+
+    return asyncio.run(main())
+
+
+def native_sync(uri: str, work: Workload) -> tuple[list[int], bool]:
+    """Time the native sync service's appends; also say whether the store wrote through its map."""
+    with SyncSessionService(uri) as service:
+        live = {
+            key: service.create_session(
+                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
+            )
+            for key, state in work.creates
+        }
+        events = [(live[key], native_event(_fresh(r)), second) for key, r, second in work.appends]
         clock = time.perf_counter_ns
         samples = []
-        for plan in plans:
-            begin = clock()
-            with env.begin(write=True) as txn:
-                for what, handle, key, value in plan:
-                    if what == "put":
-                        txn.put(key, value, db=handle)
-                    elif what == "get":
-                        txn.get(key, db=handle)
-                    else:
-                        txn.delete(key, db=handle)
-            samples.append(clock() - begin)
+        with collector_paused():
+            for session, event, second in events:
+                begin = clock()
+                if second:
+                    service.append_event_locked(session, event)
+                else:
+                    service.append_event(session, event)
+                samples.append(clock() - begin)
+        return samples, bool(getattr(service.store, "writemap", False))
+
+
+def adk_run(
+    make_service: Callable[[], Any], work: Workload, gets: bool = False
+) -> dict[str, list[int]]:
+    """Time a google-adk session service's appends (and reads) of a workload.
+
+    ADK has no locked path: the second writer's appends go through ``append_event``.
+    """
+    from google.adk.events import Event as AdkEvent
+    from google.adk.sessions.base_session_service import GetSessionConfig as AdkConfig
+
+    def config(count: int | None) -> Any:
+        return None if count is None else AdkConfig(num_recent_events=count)
+
+    async def main() -> dict[str, list[int]]:
+        service = make_service()
+        try:
+            return await _async_run(
+                service, work, AdkEvent.model_validate, False, config if gets else None
+            )
+        finally:
+            close = getattr(service, "close", None)
+            if close is not None:
+                await close()
+
+    return asyncio.run(main())
+
+
+def _adk_memory() -> Any:
+    from google.adk.sessions import InMemorySessionService
+
+    return InMemorySessionService()
+
+
+def _adapter(path: Path) -> Callable[[], Any]:
+    def make() -> Any:
+        from ..adk import LmdbSessionService
+
+        return LmdbSessionService(str(path), durability="deferred")
+
+    return make
+
+
+# -- the raw peer: one py-lmdb transaction of the same shape ----------------------------
+
+
+def _raw_key(key: Key) -> bytes:
+    return "\0".join(key).encode()
+
+
+def raw_txn(work: Workload, path: Path, durable: bool, writemap: bool = False) -> list[int]:
+    """Time one py-lmdb write transaction per append: what an LMDB store of this shape pays.
+
+    No sessionscope code: the session's record is read and rewritten, the
+    event (its delta without ``temp:`` keys) is packed with msgpack and put
+    under the session's next sequence number, and every delta item is put
+    into its scope's map, all in one transaction. ``writemap`` opens the
+    environment as the store it is compared with was opened.
+    """
+    env = lmdb.open(
+        str(path), map_size=1 << 31, max_dbs=4, sync=durable, metasync=durable,
+        readahead=False, writemap=writemap,
+    )  # fmt: skip
+    pack, unpack = msgpack.packb, msgpack.unpackb
+    try:
+        sessions, events, state = (env.open_db(n) for n in (b"sessions", b"events", b"state"))
+        with env.begin(write=True) as txn:
+            for key, initial in work.creates:
+                meta = {"n": 0, "t": 0.0, "last": None, "state": initial}
+                txn.put(_raw_key(key), pack(meta), db=sessions)
+        plan = [(_raw_key(key), key, _fresh(record)) for key, record, _ in work.appends]
+        clock = time.perf_counter_ns
+        samples = []
+        with collector_paused():
+            for skey, (app, user, _), record in plan:
+                begin = clock()
+                with env.begin(write=True) as txn:
+                    meta = unpack(txn.get(skey, db=sessions))
+                    seq = meta["n"] + 1
+                    delta = (record.get("actions") or {}).get("state_delta") or {}
+                    kept = {k: v for k, v in delta.items() if not k.startswith("temp:")}
+                    if delta:
+                        record["actions"]["state_delta"] = kept
+                    txn.put(skey + seq.to_bytes(8, "big"), pack(record), db=events)
+                    for name, value in kept.items():
+                        if name.startswith("app:"):
+                            where = f"a\0{app}\0{name[4:]}"
+                        elif name.startswith("user:"):
+                            where = f"u\0{app}\0{user}\0{name[5:]}"
+                        else:
+                            where = f"s\0{skey.decode()}\0{name}"
+                        txn.put(where.encode(), pack(value), db=state)
+                    meta["n"], meta["t"], meta["last"] = seq, record["timestamp"], record["id"]
+                    txn.put(skey, pack(meta), db=sessions)
+                samples.append(clock() - begin)
         return samples
     finally:
         env.close()
 
 
-def _sync_samples(uri: str, records: list[dict[str, Any]]) -> tuple[list[int], bool]:
-    """Time sync appends of ``records``; also say whether the store wrote through its map."""
-    with SyncSessionService(uri) as service:
-        session = service.create_session(app_name="speed", user_id="u", session_id="s")
-        clock = time.perf_counter_ns
-        samples = []
-        for event in _native_events(records):
-            begin = clock()
-            service.append_event(session, event)
-            samples.append(clock() - begin)
-        return samples, bool(getattr(service.store, "writemap", False))
+# -- rounds on the mix and the length sweep ---------------------------------------------
 
 
-def _async_samples(uri: str, records: list[dict[str, Any]]) -> list[int]:
-    async def main() -> list[int]:
-        async with SessionService(uri) as service:
-            session = await service.create_session(app_name="speed", user_id="u", session_id="s")
-            return await _timed_appends(service, session, _native_events(records))
+def _medians(
+    series: dict[str, list[int]], into: dict[str, list[float]], names: dict[str, str]
+) -> None:
+    for op, name in names.items():
+        if series.get(op):
+            into.setdefault(name, []).append(_median_us(series[op]))
 
-    return asyncio.run(main())
+
+def _append_round(work: Workload, directory: Path, adk: bool) -> dict[str, float]:
+    """Time every deferred append system on one workload; return each one's median (us)."""
+    directory.mkdir(parents=True)
+    found: dict[str, list[float]] = {}
+    native = native_async(f"lmdb://{directory / 'async'}?durability=deferred", work, gets=True)
+    _medians(native, found, {"append": ASYNC, "get": GET_FULL, "get_recent": GET_RECENT})
+    if adk:
+        memory = adk_run(_adk_memory, work, gets=True)
+        _medians(memory, found, {"append": ADK_MEMORY, "get": ADK_GET_FULL,
+                                 "get_recent": ADK_GET_RECENT})  # fmt: skip
+        adapter = adk_run(_adapter(directory / "adapter"), work)
+        _medians(adapter, found, {"append": ADAPTER})
+    samples, writemap = native_sync(f"lmdb://{directory / 'sync'}?durability=deferred", work)
+    found[SYNC] = [_median_us(samples)]
+    found[RAW] = [_median_us(raw_txn(work, directory / "raw", False, writemap))]
+    return {name: values[0] for name, values in found.items()}
 
 
-def _raw_rounds(config: SpeedConfig, directory: Path) -> dict[str, list[float]]:
-    """Return per-round medians of native appends and raw transactions of their shape."""
-    rounds: dict[str, list[float]] = {
-        k: [] for k in ("deferred", "raw-nosync", "sync-api", "async-api", "raw-sync")
-    }
+def _durable_round(work: Workload, directory: Path, adk: bool) -> dict[str, float]:
+    """Time every durable append system on one workload; return each one's median (us)."""
+    directory.mkdir(parents=True)
+    out: dict[str, float] = {}
+    sync, _ = native_sync(f"lmdb://{directory / 'sync'}", work)
+    out[DURABLE_SYNC] = _median_us(sync)
+    out[DURABLE_ASYNC] = _median_us(native_async(f"lmdb://{directory / 'async'}", work)["append"])
+    out[RAW_DURABLE] = _median_us(raw_txn(work, directory / "raw", True))
+    if adk:
+        from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+        sqlite = adk_run(lambda: SqliteSessionService(str(directory / "adk.db")), work)
+        out[ADK_SQLITE] = _median_us(sqlite["append"])
+        if _database_ready():
+            from google.adk.sessions import DatabaseSessionService
+
+            url = f"sqlite+aiosqlite:///{directory / 'adk-database.db'}"
+            database = adk_run(lambda: DatabaseSessionService(url), work)
+            out[ADK_DATABASE] = _median_us(database["append"])
+    return out
+
+
+def _database_ready() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(n) for n in ("sqlalchemy", "greenlet", "aiosqlite"))
+
+
+def mix_rounds(
+    config: SpeedConfig, directory: Path, adk: bool, say: Callable[[str], None]
+) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
+    """Return medians over rounds on the mix, and per session length (the sweep)."""
+    over_mix: dict[str, list[float]] = {}
+    sweep: dict[str, dict[int, list[float]]] = {}
     for number in range(config.rounds):
-        base = directory / f"raw-{number}"
-        records = turn_records(config.appends, prefix=f"x{number}")
-        shapes = append_shapes(records, base / "shape")
-        uri = f"lmdb://{base / 'deferred'}?durability=deferred"
-        deferred, writemap = _sync_samples(uri, records)
-        rounds["deferred"].append(_median_us(deferred))
-        raw = _raw_samples(shapes, base / "raw-nosync", False, writemap)
-        rounds["raw-nosync"].append(_median_us(raw))
-        durable = records[: config.durable_appends]
-        sync_api, _ = _sync_samples(f"lmdb://{base / 'sync-api'}", durable)
-        rounds["sync-api"].append(_median_us(sync_api))
-        async_api = _async_samples(f"lmdb://{base / 'async-api'}", durable)
-        rounds["async-api"].append(_median_us(async_api))
-        raw = _raw_samples(shapes[: config.durable_appends], base / "raw-sync", True)
-        rounds["raw-sync"].append(_median_us(raw))
-    return rounds
+        say(f"round {number + 1} of {config.rounds}: appends and reads on the mix")
+        work = Workload.of(mix_spec(config.mix_sessions, number))
+        for name, value in _append_round(work, directory / f"mix-{number}", adk).items():
+            over_mix.setdefault(name, []).append(value)
+        durable = work.head(config.durable_appends)
+        for name, value in _durable_round(durable, directory / f"durable-{number}", adk).items():
+            over_mix.setdefault(name, []).append(value)
+        for length in config.sweep:
+            say(f"round {number + 1}: sessions of {length:,} events")
+            sessions = max(2, config.sweep_events // length)
+            work = Workload.of(mix_spec(sessions, number, length))
+            place = directory / f"sweep-{number}-{length}"
+            for name, value in _append_round(work, place, adk).items():
+                sweep.setdefault(name, {}).setdefault(length, []).append(value)
+    medians = {name: _over_rounds(values) for name, values in over_mix.items()}
+    by_length = {
+        name: {length: _over_rounds(v) for length, v in values.items()}
+        for name, values in sweep.items()
+    }
+    return medians, by_length
 
 
 # -- bulk ------------------------------------------------------------------------------
 
 
 def _bulk_rate(config: SpeedConfig, directory: Path, number: int) -> float:
-    """Return events/s of ``append_many`` in batches of 1,000 over 100 sessions, deferred."""
-    from .replay import collector_paused
-
+    """Return events/s of ``append_many`` in batches of 1,000 over the mix, deferred."""
+    work = Workload.of(mix_spec(config.bulk_sessions, number))
     uri = f"lmdb://{directory / f'bulk-{number}'}?durability=deferred"
     with SyncSessionService(uri) as service:
-        sessions = [
-            service.create_session(app_name="speed", user_id=f"u{i % 10}", session_id=f"s{i}")
-            for i in range(100)
-        ]
-        records = turn_records(config.bulk_events, prefix=f"b{number}")
-        events = _native_events(records)
-        pairs = [(sessions[i % 100], event) for i, event in enumerate(events)]
+        live = {
+            key: service.create_session(
+                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
+            )
+            for key, state in work.creates
+        }
+        pairs = [(live[key], native_event(_fresh(r))) for key, r, _ in work.appends]
         # Timed as a replay times its batches: the prepared events are the
         # benchmark's own objects, kept out of the collector's passes.
         with collector_paused():
@@ -397,14 +637,12 @@ def _bulk_rate(config: SpeedConfig, directory: Path, number: int) -> float:
 
 
 def _replay_rate(config: SpeedConfig, directory: Path, number: int) -> float:
-    """Return the events/s of ``sessionscope replay --batch 1000`` on a deferred store."""
+    """Return the events/s of ``sessionscope replay --batch 1000`` of the mix, deferred."""
     from .replay import open_target, replay
-    from .trace import TraceSpec, generate
 
-    sessions = max(50, config.bulk_events // 40)
     records = [
         r
-        for r in generate(TraceSpec(sessions=sessions, seed=number))
+        for r in generate(MixSpec(sessions=config.bulk_sessions, seed=number))
         if r["op"] in ("create", "append", "delete")
     ]
     target = open_target(f"lmdb://{directory / f'replay-{number}'}?durability=deferred")
@@ -470,6 +708,32 @@ def _adk_listing_us(count: int) -> float:
 # -- all of them ------------------------------------------------------------------------
 
 
+@dataclass
+class SpeedReport:
+    """The targets' figures, the medians on the mix and the session-length sweep."""
+
+    figures: list[Figure]
+    mix: dict[str, float]
+    sweep: dict[str, dict[int, float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready map."""
+        return {
+            "figures": [figure.to_dict() for figure in self.figures],
+            "mix_us": self.mix,
+            "sweep_us": self.sweep,
+        }
+
+
+def _pair(
+    figures: list[Figure], name: str, mine: float | None, peer_name: str, peer: float | None,
+    unit: str, limit: float | None, **options: Any,
+) -> None:  # fmt: skip
+    """Add a figure when its own side was measured."""
+    if mine is not None:
+        figures.append(Figure(name, mine, peer_name, peer, unit, limit, **options))
+
+
 def measure(
     config: SpeedConfig,
     directory: Path | None = None,
@@ -477,147 +741,90 @@ def measure(
     lengths: dict[str, dict[int, float]] | None = None,
     concurrency: dict[str, dict[int, float]] | None = None,
     log: Callable[[str], None] | None = None,
-) -> list[Figure]:
-    """Measure every speed target; ``lengths`` and ``concurrency`` come from the bench's sweeps.
+) -> SpeedReport:
+    """Measure every speed target on the mix; ``lengths`` and ``concurrency`` come from the bench.
 
-    ``lengths`` is the deferred store's sweep ({"append": {n: us}, "get_recent": ...});
-    ``concurrency`` maps "tasks"/"threads" to appends/s by writer count.
+    ``lengths`` is the deferred store's sweep to 100,000 events
+    ({"append": {n: us}, "get_recent": ...}); ``concurrency`` maps
+    "tasks"/"threads" to appends/s by writer count.
     """
     say = log or (lambda _: None)
     with _workspace(directory) as root:
+        mix, sweep = mix_rounds(config, root, adk, say)
         figures: list[Figure] = []
-        say("measuring appends against ADK InMemorySessionService")
-        adk_rounds = _adk_rounds(config, root, adk)
-        if adk:
-            figures.append(
-                Figure(
-                    "native deferred append (async)",
-                    _over_rounds(adk_rounds["native"]),
-                    "adk InMemory append_event",
-                    _over_rounds(adk_rounds["adk"]),
-                    "us",
-                    1.0,
-                )
-            )
-            figures.append(
-                Figure(
-                    "adk adapter deferred append",
-                    _over_rounds(adk_rounds["adapter"]),
-                    "adk InMemory append_event",
-                    _over_rounds(adk_rounds["adk"]),
-                    "us",
-                    2.0,
-                )
-            )
-        say("measuring appends against raw transactions of the same shape")
-        raw = _raw_rounds(config, root)
-        figures.append(
-            Figure(
-                "native deferred append (sync)",
-                _over_rounds(raw["deferred"]),
-                "raw txn, same gets/puts, no fsync",
-                _over_rounds(raw["raw-nosync"]),
-                "us",
-                1.5,
-            )
-        )
-        figures.append(
-            Figure(
-                "durable append, sync API",
-                _over_rounds(raw["sync-api"]),
-                "raw txn, same gets/puts, fsync",
-                _over_rounds(raw["raw-sync"]),
-                "us",
-                1.3,
-            )
-        )
-        figures.append(
-            Figure(
-                "durable append, async API",
-                _over_rounds(raw["async-api"]),
-                "raw txn, same gets/puts, fsync",
-                _over_rounds(raw["raw-sync"]),
-                "us",
-                1.5,
-            )
-        )
-        say("measuring the bulk path")
+        at40 = {name: values.get(40) for name, values in sweep.items()}
+        at200 = {name: values.get(200) for name, values in sweep.items()}
+        adk_mix = mix.get(ADK_MEMORY)
+        _pair(figures, f"{ASYNC}, over the mix", mix[ASYNC], ADK_MEMORY, adk_mix, "us", 1.0)
+        if 40 in config.sweep:
+            _pair(figures, f"{ASYNC}, 40-event sessions", at40[ASYNC], ADK_MEMORY,
+                  at40.get(ADK_MEMORY), "us", 1.5)  # fmt: skip
+        _pair(figures, f"{ADAPTER}, over the mix", mix.get(ADAPTER), ASYNC, mix[ASYNC], "us", 1.3)
+        _pair(figures, f"{SYNC}, over the mix", mix[SYNC], RAW, mix[RAW], "us", 2.0)
+        _pair(figures, f"{DURABLE_SYNC}, over the mix", mix[DURABLE_SYNC], RAW_DURABLE,
+              mix[RAW_DURABLE], "us", 1.3)  # fmt: skip
+        _pair(figures, f"{DURABLE_ASYNC}, over the mix", mix[DURABLE_ASYNC], RAW_DURABLE,
+              mix[RAW_DURABLE], "us", 1.5)  # fmt: skip
+        if ADK_SQLITE in mix:
+            # At least 5x faster: our time at most a fifth of theirs.
+            _pair(figures, f"{DURABLE_SYNC}, over the mix", mix[DURABLE_SYNC], ADK_SQLITE,
+                  mix[ADK_SQLITE], "us", 0.2)  # fmt: skip
+        if ADK_DATABASE in mix:
+            _pair(figures, f"{DURABLE_SYNC}, over the mix", mix[DURABLE_SYNC], ADK_DATABASE,
+                  mix[ADK_DATABASE], "us", None)  # fmt: skip
+        _pair(figures, f"{GET_RECENT}, over the mix", mix[GET_RECENT], ADK_GET_RECENT,
+              mix.get(ADK_GET_RECENT), "us", None)  # fmt: skip
+        if 200 in config.sweep:
+            _pair(figures, f"{GET_FULL}, 200-event sessions", at200[GET_FULL], ADK_GET_FULL,
+                  at200.get(ADK_GET_FULL), "us", 1.0)  # fmt: skip
+        say("measuring the bulk path on the mix")
         bulk = [_bulk_rate(config, root, n) for n in range(config.rounds)]
         replayed = [_replay_rate(config, root, n) for n in range(config.rounds)]
         figures.append(
-            Figure("append_many, batches of 1,000", _over_rounds(bulk), "", None, "events/s",
-                   150_000, most=False)
+            Figure("append_many on the mix, batches of 1,000", _over_rounds(bulk), "", None,
+                   "events/s", 150_000, most=False)
         )  # fmt: skip
         figures.append(
-            Figure("replay --batch 1000", _over_rounds(replayed), "", None, "events/s",
-                   150_000, most=False)
+            Figure("replay --batch 1000 of the mix", _over_rounds(replayed), "", None,
+                   "events/s", 150_000, most=False)
         )  # fmt: skip
         for kind, limit in (("tasks", 8.0), ("threads", 5.0)):
             values = (concurrency or {}).get(kind, {})
             if len(values) >= 2:
                 low, high = min(values), max(values)
                 figures.append(
-                    Figure(
-                        f"group commit, {high} {kind}",
-                        values[high],
-                        f"1 of the {kind}",
-                        values[low],
-                        "appends/s",
-                        limit,
-                        most=False,
-                    )
-                )
+                    Figure(f"group commit, {high} {kind}", values[high], f"1 of the {kind}",
+                           values[low], "appends/s", limit, most=False)
+                )  # fmt: skip
         say("measuring session listings")
         listing = _listing_figures(config, root, adk)
         small, large = config.list_sizes
         figures.append(
-            Figure(
-                f"list page of 100 at {large:,} sessions",
-                listing[f"page-{large}"] / 1e3,
-                f"page at {small:,}",
-                listing[f"page-{small}"] / 1e3,
-                "ms",
-                2.0,
-                absolute=True,
-            )
-        )
+            Figure(f"list page of 100 at {large:,} sessions", listing[f"page-{large}"] / 1e3,
+                   f"page at {small:,}", listing[f"page-{small}"] / 1e3, "ms", 2.0,
+                   absolute=True)
+        )  # fmt: skip
         figures.append(
-            Figure(
-                f"list page of 100, {large:,} against {small:,} sessions",
-                listing[f"page-{large}"] / 1e3,
-                f"page at {small:,}",
-                listing[f"page-{small}"] / 1e3,
-                "ms",
-                1.2,
-            )
-        )
+            Figure(f"list page of 100, {large:,} against {small:,} sessions",
+                   listing[f"page-{large}"] / 1e3, f"page at {small:,}",
+                   listing[f"page-{small}"] / 1e3, "ms", 1.2)
+        )  # fmt: skip
         full = config.full_listing
         figures.append(
-            Figure(
-                f"full listing of {full:,} sessions",
-                listing[f"full-{full}"] / 1e3,
-                f"adk InMemory at {full:,}" if adk else "",
-                listing[f"adk-full-{full}"] / 1e3 if adk else None,
-                "ms",
-                20.0,
-                absolute=True,
-            )
-        )
+            Figure(f"full listing of {full:,} sessions", listing[f"full-{full}"] / 1e3,
+                   f"adk InMemory at {full:,}" if adk else "",
+                   listing[f"adk-full-{full}"] / 1e3 if adk else None, "ms", 20.0,
+                   absolute=True)
+        )  # fmt: skip
         for op, name in (("get_recent", "get of the last 10"), ("append", "append")):
             values = (lengths or {}).get(op, {})
             if len(values) >= 2:
                 low, high = min(values), max(values)
                 figures.append(
-                    Figure(
-                        f"{name} at {high:,} events",
-                        values[high],
-                        f"at {low:,} events",
-                        values[low],
-                        "us",
-                        1.2,
-                    )
-                )
-        return figures
+                    Figure(f"{name} at {high:,} events", values[high], f"at {low:,} events",
+                           values[low], "us", 1.2)
+                )  # fmt: skip
+        return SpeedReport(figures, mix, sweep)
 
 
 class _workspace:
@@ -650,5 +857,5 @@ def rows(figures: list[Figure]) -> Iterator[list[str]]:
             peer,
             ratio,
             f.target,
-            "met" if f.met else "MISSED",
+            "-" if f.met is None else ("met" if f.met else "MISSED"),
         ]

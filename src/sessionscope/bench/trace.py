@@ -10,7 +10,9 @@ Every other line is one call, with ``op`` one of:
 - ``create``: ``app``, ``user``, ``session``, ``state`` (may hold every scope)
 - ``append``: ``app``, ``user``, ``session``, ``event`` (the full event record:
   ``id``, ``timestamp``, ``author``, ``invocation_id``, ``content`` as a
-  google.genai ``Content`` dict, ``actions.state_delta``, ...)
+  google.genai ``Content`` dict, ``actions.state_delta``, ...), and
+  optionally ``"locked": true``: the append of a second writer of the session,
+  sent through ``append_event_locked`` where the target has it
 - ``get``: ``app``, ``user``, ``session``, ``config`` (``null`` or
   ``{"num_recent_events": n, "after_timestamp": t}``)
 - ``list``: ``app``, ``user`` (``null`` lists the whole app)
@@ -20,9 +22,9 @@ Values that JSON cannot hold are tagged: bytes as ``{"$bytes": base64}``. A map
 whose only key starts with ``$`` is wrapped as ``{"$map": {...}}`` so that a
 stored value can never be mistaken for a tag.
 
-The module also holds the deterministic generator of realistic agent traffic
-(``generate``), the ``Expectation`` a trace implies (final states and event
-counts), and ``export_trace``, which writes any store's sessions as a trace.
+The module also holds the ``Expectation`` a trace implies (final states and
+event counts) and ``export_trace``, which writes any store's sessions as a
+trace. The generator of agent traffic is ``mix``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import gzip
 import heapq
 import io
 import json
-import random
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,12 +52,10 @@ __all__ = [
     "Expectation",
     "SessionExpectation",
     "TraceError",
-    "TraceSpec",
     "check_record",
     "decode_value",
     "encode_value",
     "export_trace",
-    "generate",
     "read_trace",
     "sample_trace_path",
     "write_trace",
@@ -324,6 +323,8 @@ def check_record(record: Any, where: str = "record") -> None:
         stamp = event.get("timestamp", 0.0)
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
             raise TraceError(f"{where}: append's event.timestamp must be a number")
+        if not isinstance(record.get("locked", False), bool):
+            raise TraceError(f"{where}: append's locked must be true or false")
         actions = event.get("actions")
         _need_map(actions, f"{where}: append's event.actions", optional=True)
         if actions:
@@ -442,287 +443,6 @@ class Expectation:
     def event_count(self) -> int:
         """Return the number of events stored at the end, over every session."""
         return sum(s.event_count for s in self.sessions.values())
-
-
-# -- the generator -----------------------------------------------------------
-
-_VOCABULARY = (
-    "the a to of and in is that for it with as on be this are by you can or not "
-    "your from we at an will have more if which one all use when also has data "
-    "order account refund shipping invoice customer agent tool model request "
-    "response status price delivery address update error retry policy search "
-    "result summary schedule meeting calendar flight hotel booking payment card "
-    "weather forecast report query table column value session state memory "
-    "context prompt token budget latency cache index document page section note"
-)
-_WORDS = _VOCABULARY.split()
-_TOOLS = (
-    ("search_orders", ("customer_id", "status", "limit")),
-    ("get_weather", ("city", "unit")),
-    ("book_flight", ("origin", "destination", "date", "passengers")),
-    ("lookup_invoice", ("invoice_id",)),
-    ("run_sql", ("query", "database")),
-    ("send_email", ("to", "subject", "body")),
-)
-_AGENTS = ("root_agent", "support_agent", "planner", "billing_agent")
-_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so traces are reproducible
-
-
-@dataclass(slots=True, frozen=True)
-class TraceSpec:
-    """The shape of a generated trace."""
-
-    sessions: int = 200
-    apps: int = 2
-    users_per_app: int = 50
-    turns: tuple[int, int] = (2, 10)
-    concurrent: int = 32
-    get_every_turn: bool = True
-    list_every: int = 50
-    delete_fraction: float = 0.02
-    seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the spec as a JSON-ready map."""
-        return {
-            "sessions": self.sessions,
-            "apps": self.apps,
-            "users_per_app": self.users_per_app,
-            "turns": list(self.turns),
-            "concurrent": self.concurrent,
-            "get_every_turn": self.get_every_turn,
-            "list_every": self.list_every,
-            "delete_fraction": self.delete_fraction,
-            "seed": self.seed,
-        }
-
-
-class _Text:
-    """Word salad of realistic lengths, cut from one fixed corpus (fast, seeded)."""
-
-    def __init__(self, rng: random.Random) -> None:
-        words = [rng.choice(_WORDS) for _ in range(40_000)]
-        self.corpus = " ".join(words)
-        self.rng = rng
-
-    def __call__(self, low: int, high: int) -> str:
-        length = int(self.rng.triangular(low, high, low + (high - low) / 4))
-        start = self.rng.randrange(0, len(self.corpus) - length - 1)
-        text = self.corpus[start : start + length].strip()
-        return text[:1].upper() + text[1:] + "."
-
-
-class _SessionScript:
-    """Generates the calls of one session, one turn at a time."""
-
-    def __init__(self, gen: _Generator, app: str, user: str, sid: str, turns: int) -> None:
-        self.gen = gen
-        self.app = app
-        self.user = user
-        self.sid = sid
-        self.turns_left = turns
-        self.turn = 0
-        self.events = 0
-        self.created = False
-        self.agent = gen.rng.choice(_AGENTS)
-
-    def ids(self) -> dict[str, str]:
-        return {"app": self.app, "user": self.user, "session": self.sid}
-
-    def step(self) -> list[dict[str, Any]]:
-        """Return the next burst of calls: the create, or one full turn."""
-        gen = self.gen
-        rng = gen.rng
-        if not self.created:
-            self.created = True
-            state: dict[str, Any] = {
-                "agent": self.agent,
-                "locale": rng.choice(["en-US", "de-DE", "fr-FR", "ja-JP"]),
-                f"{USER_PREFIX}tier": rng.choice(["free", "pro", "enterprise"]),
-                f"{TEMP_PREFIX}request_started": gen.clock(),
-            }
-            return [{"op": "create", **self.ids(), "state": state}]
-        self.turn += 1
-        self.turns_left -= 1
-        calls: list[dict[str, Any]] = []
-        if gen.spec.get_every_turn:
-            # A runner reads the session before each turn, most often a window.
-            config: dict[str, Any] | None = rng.choice(
-                [
-                    None,
-                    {"num_recent_events": 10},
-                    {"num_recent_events": 10},
-                    {"num_recent_events": 20},
-                ]
-            )
-            calls.append({"op": "get", **self.ids(), "config": config})
-        invocation = f"e-{rng.getrandbits(64):016x}"
-        calls.append(self._event("user", invocation, self._user_content(), self._user_delta()))
-        for _ in range(rng.choice([0, 0, 1, 1, 2])):
-            call_id = f"adk-{rng.getrandbits(96):024x}"
-            name, params = rng.choice(_TOOLS)
-            args = {p: self._arg(p) for p in params}
-            call = {
-                "role": "model",
-                "parts": [{"function_call": {"id": call_id, "name": name, "args": args}}],
-            }
-            calls.append(self._event(gen.agent(self), invocation, call, self._tool_delta(name)))
-            reply = {"id": call_id, "name": name, "response": self._tool_result()}
-            response = {"role": "user", "parts": [{"function_response": reply}]}
-            calls.append(self._event(gen.agent(self), invocation, response, None))
-        if rng.random() < 0.15:
-            # A streamed chunk: never stored, but a runner hands it to the service.
-            chunk = {"role": "model", "parts": [{"text": gen.text(20, 120)}]}
-            calls.append(self._event(gen.agent(self), invocation, chunk, None, partial=True))
-        answer = {"role": "model", "parts": [{"text": gen.text(200, 2400)}]}
-        calls.append(self._event(gen.agent(self), invocation, answer, self._model_delta()))
-        return calls
-
-    def _event(
-        self,
-        author: str,
-        invocation: str,
-        content: dict[str, Any],
-        delta: dict[str, Any] | None,
-        partial: bool = False,
-    ) -> dict[str, Any]:
-        rng = self.gen.rng
-        event: dict[str, Any] = {
-            "id": f"{rng.getrandbits(128):032x}",
-            "timestamp": self.gen.clock(),
-            "author": author,
-            "invocation_id": invocation,
-            "content": content,
-        }
-        if partial:
-            event["partial"] = True
-        if delta:
-            event["actions"] = {"state_delta": delta}
-        if not partial:
-            self.events += 1
-        return {"op": "append", **self.ids(), "event": event}
-
-    def _user_content(self) -> dict[str, Any]:
-        return {"role": "user", "parts": [{"text": self.gen.text(20, 400)}]}
-
-    def _user_delta(self) -> dict[str, Any] | None:
-        rng = self.gen.rng
-        if rng.random() < 0.5:
-            return None
-        return {f"{TEMP_PREFIX}user_input_chars": rng.randrange(20, 400), "last_turn": self.turn}
-
-    def _tool_delta(self, name: str) -> dict[str, Any]:
-        rng = self.gen.rng
-        return {
-            f"{TEMP_PREFIX}pending_tool": name,
-            f"tool_calls.{name}": rng.randrange(1, 50),
-            f"{APP_PREFIX}tool_usage.{name}": rng.randrange(1, 10_000),
-        }
-
-    def _model_delta(self) -> dict[str, Any]:
-        rng = self.gen.rng
-        delta: dict[str, Any] = {
-            "turns": self.turn,
-            "summary": self.gen.text(40, 300),
-            f"{TEMP_PREFIX}scratch": {"draft": self.gen.text(10, 80), "step": self.turn},
-        }
-        if rng.random() < 0.3:
-            delta[f"{USER_PREFIX}preferences"] = {
-                "language": rng.choice(["en", "de", "fr", "ja"]),
-                "units": rng.choice(["metric", "imperial"]),
-                "topics": rng.sample(_WORDS, 3),
-            }
-        if rng.random() < 0.2:
-            delta[f"{USER_PREFIX}last_seen"] = self.gen.clock()
-        if rng.random() < 0.1:
-            delta[f"{APP_PREFIX}model_version"] = rng.choice(["gemini-2.5-flash", "gemini-2.5-pro"])
-        if rng.random() < 0.25:
-            delta["cart"] = [
-                {
-                    "sku": f"SKU-{rng.randrange(10**6):06d}",
-                    "qty": rng.randrange(1, 5),
-                    "price": round(rng.uniform(1, 500), 2),
-                }
-                for _ in range(rng.randrange(1, 6))
-            ]
-        return delta
-
-    def _arg(self, name: str) -> Any:
-        rng = self.gen.rng
-        if name in ("limit", "passengers"):
-            return rng.randrange(1, 10)
-        if name == "query":
-            return "SELECT * FROM orders WHERE status = 'open' LIMIT 10"
-        if name == "body":
-            return self.gen.text(50, 400)
-        return rng.choice(_WORDS) + "-" + str(rng.randrange(1000))
-
-    def _tool_result(self) -> dict[str, Any]:
-        rng = self.gen.rng
-        rows = [
-            {"id": rng.randrange(10**6), "status": rng.choice(["open", "shipped", "closed"]),
-             "total": round(rng.uniform(1, 900), 2), "note": self.gen.text(10, 60)}
-            for _ in range(rng.randrange(0, 8))
-        ]  # fmt: skip
-        return {"ok": True, "rows": rows, "elapsed_ms": rng.randrange(5, 900)}
-
-
-class _Generator:
-    def __init__(self, spec: TraceSpec) -> None:
-        self.spec = spec
-        self.rng = random.Random(spec.seed)
-        self.text = _Text(self.rng)
-        self.time = _BASE_TIME
-
-    def clock(self) -> float:
-        # Milliseconds apart, so every event has its own timestamp and floats stay exact.
-        self.time += self.rng.randrange(1, 400) / 1000
-        return round(self.time, 3)
-
-    def agent(self, script: _SessionScript) -> str:
-        return script.agent
-
-    def run(self) -> Iterator[dict[str, Any]]:
-        spec, rng = self.spec, self.rng
-        apps = [f"app-{i}" for i in range(spec.apps)]
-        pending = []
-        for number in range(spec.sessions):
-            app = apps[number % len(apps)]
-            user = f"user-{rng.randrange(spec.users_per_app):04d}"
-            sid = f"s-{number:06d}-{rng.getrandbits(32):08x}"
-            pending.append(_SessionScript(self, app, user, sid, rng.randint(*spec.turns)))
-        pending.reverse()
-        active: list[_SessionScript] = []
-        done: list[_SessionScript] = []
-        bursts = 0
-        while pending or active:
-            while pending and len(active) < spec.concurrent:
-                active.append(pending.pop())
-            script = active[rng.randrange(len(active))]
-            yield from script.step()
-            bursts += 1
-            if script.turns_left <= 0:
-                active.remove(script)
-                done.append(script)
-            if spec.list_every and bursts % spec.list_every == 0:
-                owner = script.user if rng.random() < 0.8 else None
-                yield {"op": "list", "app": script.app, "user": owner}
-        for script in done:
-            if rng.random() < spec.delete_fraction:
-                yield {"op": "delete", **script.ids()}
-
-
-def generate(spec: TraceSpec | None = None) -> Iterator[dict[str, Any]]:
-    """Yield the records of a deterministic trace: the same spec gives the same records."""
-    return _Generator(spec or TraceSpec()).run()
-
-
-def generate_trace(path: str | Path, spec: TraceSpec | None = None) -> int:
-    """Write a generated trace to ``path``; return the number of records."""
-    spec = spec or TraceSpec()
-    return write_trace(
-        path, generate(spec), {"generator": {"name": "sessionscope", **spec.to_dict()}}
-    )
 
 
 # -- the exporter ------------------------------------------------------------

@@ -87,14 +87,15 @@ def _parser() -> _Parser:
 
     bench = commands.add_parser(
         "bench",
-        help="compare sessionscope with google-adk's session services on one trace",
-        description="Generate a trace, replay it on sessionscope's LMDB store (durable, deferred, "
-        "bulk) and on every peer installed (google-adk in-memory, SQLite, Database), measure "
-        "raw LMDB as the floor, and print medians and ratios.",
+        help="compare sessionscope with google-adk's session services on the agent mix",
+        description="Generate the agent mix, replay it on sessionscope's LMDB store (durable, "
+        "deferred, bulk) and on every peer installed (google-adk in-memory, SQLite, Database), "
+        "measure raw LMDB as the floor, then time every speed target on the mix and on sessions "
+        "of 10 to 1,000 events, each beside its peer, and print medians and ratios.",
     )
-    bench.add_argument("--quick", action="store_true", help="a smaller run (under 20 s)")
-    bench.add_argument("--sessions", type=_positive, help="sessions in the generated trace")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the generated trace")
+    bench.add_argument("--quick", action="store_true", help="a smaller run (about a minute)")
+    bench.add_argument("--sessions", type=_positive, help="sessions of the mix to replay")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the mix")
     bench.add_argument("--budget", type=float, help="seconds each target may replay for")
     bench.add_argument("--out", type=Path, help="also write results.json and PNG charts here")
     bench.add_argument("--no-peers", action="store_true", help="measure sessionscope only")
@@ -121,14 +122,18 @@ def _parser() -> _Parser:
 
     gen = commands.add_parser(
         "generate",
-        help="write a deterministic, realistic agent trace",
-        description="Write a generated trace: the same options give the same bytes.",
+        help="write the agent mix: a deterministic trace of agent traffic",
+        description="Write the agent mix (see docs/performance.md) as a trace: the same "
+        "options give the same bytes.",
     )
     gen.add_argument("out", type=Path, help="the trace file to write (.gz compresses)")
-    gen.add_argument("--sessions", type=_positive, default=200)
-    gen.add_argument("--apps", type=_positive, default=2)
-    gen.add_argument("--users", type=_positive, default=50, help="users per app")
-    gen.add_argument("--turns", type=_positive, nargs=2, default=(2, 10), metavar=("MIN", "MAX"))
+    gen.add_argument("--sessions", type=_positive, default=1000)
+    gen.add_argument("--apps", type=_positive, default=3)
+    gen.add_argument("--users", type=_positive, default=100, help="users over all apps")
+    gen.add_argument("--lengths", type=_positive, nargs=2, default=(5, 1000),
+                     metavar=("MIN", "MAX"), help="bounds of a session's event count")  # fmt: skip
+    gen.add_argument("--median-length", type=_positive, default=40,
+                     help="median stored events per session (log-normal)")  # fmt: skip
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-reads", action="store_true", help="only creates and appends")
 
@@ -396,17 +401,18 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..bench.trace import TraceSpec, generate_trace
+    from ..bench.mix import MixSpec, generate_trace
 
-    default = TraceSpec()
-    low, high = args.turns
+    default = MixSpec()
+    low, high = args.lengths
     if low > high:
-        raise UsageError(f"--turns {low} {high}: the minimum is above the maximum")
-    spec = TraceSpec(
+        raise UsageError(f"--lengths {low} {high}: the minimum is above the maximum")
+    spec = MixSpec(
         sessions=args.sessions,
         apps=args.apps,
-        users_per_app=args.users,
-        turns=(low, high),
+        users=args.users,
+        lengths=(low, high),
+        median_length=args.median_length,
         seed=args.seed,
         get_every_turn=not args.no_reads,
         list_every=0 if args.no_reads else default.list_every,
