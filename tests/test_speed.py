@@ -1,4 +1,4 @@
-"""The speed targets' machinery: the workload, the recorded append shape, the verdicts."""
+"""The speed targets' machinery: the workload, the raw peer, the verdicts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from sessionscope.bench.speed import (
     Workload,
     _adk_memory,
     adk_run,
-    append_shapes,
     mix_spec,
     native_async,
     native_sync,
@@ -33,38 +32,6 @@ def test_turn_records_touch_every_scope_and_cycle_kinds() -> None:
         assert {k.partition(":")[0] for k in keys if ":" in k} == {"user", "app", "temp"}
         assert any(":" not in k for k in keys)
     assert len({r["id"] for r in records}) == 6
-
-
-def test_append_shapes_replay_to_the_store_they_were_recorded_from(tmp_path: Path) -> None:
-    records = turn_records(5)
-    shapes = append_shapes(records, tmp_path / "recorded")
-    assert len(shapes) == 5
-    # Every append reads before it writes, and writes its event's record.
-    for shape in shapes:
-        assert shape[0][0] == "get"
-        assert any(what == "put" and db == b"data" for what, db, _, _ in shape)
-    # Replaying the puts on an empty environment gives the data the store holds.
-    env = lmdb.open(str(tmp_path / "replayed"), max_dbs=6)
-    names = (b"meta", b"sessions", b"shared", b"data", b"listing")
-    handles = {name: env.open_db(name) for name in names}
-    with env.begin(write=True) as txn:
-        for shape in shapes:
-            for what, db, key, value in shape:
-                if what == "put":
-                    txn.put(key, value, db=handles[db])
-                elif what == "delete":
-                    txn.delete(key, db=handles[db])
-    stored = lmdb.open(str(tmp_path / "recorded"), max_dbs=6, readonly=True)
-    with stored.begin() as txn, env.begin() as mine:
-        for name in (b"shared", b"listing"):
-            theirs = dict(txn.cursor(db=stored.open_db(name, txn=txn)))
-            assert dict(mine.cursor(db=handles[name])) == theirs
-        record_keys = {key for shape in shapes for _, db, key, _ in shape if db == b"sessions"}
-        sessions = stored.open_db(b"sessions", txn=txn)
-        for key in record_keys:
-            assert mine.get(key, db=handles[b"sessions"]) == txn.get(key, db=sessions)
-    stored.close()
-    env.close()
 
 
 def test_figure_verdicts() -> None:

@@ -34,11 +34,8 @@ from typing import Any
 import lmdb
 import msgpack
 
-from ..model import Event, GetSessionConfig
-from ..service.core import event_from_record
+from ..model import GetSessionConfig
 from ..service.facade import SessionService, SyncSessionService
-from ..stores.lmdb.store import LmdbStore
-from ..stores.records import AppendRequest, AppendResult
 from .mix import MixSpec, generate
 from .replay import collector_paused, native_event
 
@@ -193,10 +190,6 @@ def turn_records(count: int, first: int = 0, prefix: str = "ev") -> list[dict[st
     return records
 
 
-def _native_events(records: list[dict[str, Any]]) -> list[Event]:
-    return [event_from_record(_copy(record)) for record in records]
-
-
 def _copy(record: dict[str, Any]) -> dict[str, Any]:
     copied = dict(record)
     copied["actions"] = {"state_delta": dict(record["actions"]["state_delta"])}
@@ -209,62 +202,6 @@ def _median_us(samples: list[int]) -> float:
 
 def _over_rounds(values: list[float]) -> float:
     return statistics.median(values)
-
-
-# -- appends against a raw transaction of the same shape --------------------------------
-
-
-class _TxnRecorder:
-    """A write transaction that notes every get and put made through it."""
-
-    def __init__(self, txn: Any, names: dict[int, bytes]) -> None:
-        self._txn = txn
-        self._names = names
-        # (what, database, key, value): what is "get", "put" or "delete".
-        self.ops: list[tuple[str, bytes, bytes, bytes]] = []
-
-    def get(self, key: bytes, default: Any = None, db: Any = None) -> Any:
-        self.ops.append(("get", self._names[id(db)], key, b""))
-        return self._txn.get(key, default, db=db)
-
-    def put(self, key: bytes, value: bytes, db: Any = None, **options: Any) -> Any:
-        self.ops.append(("put", self._names[id(db)], key, value))
-        return self._txn.put(key, value, db=db, **options)
-
-    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> Any:
-        self.ops.append(("delete", self._names[id(db)], key, value))
-        return self._txn.delete(key, value, db=db)
-
-    def cursor(self, db: Any = None) -> Any:
-        return self._txn.cursor(db=db)
-
-
-class _RecordingStore(LmdbStore):
-    """An LMDB store that keeps the gets and puts of each append it makes."""
-
-    shapes: list[list[tuple[str, bytes, bytes, bytes]]]
-
-    def append_in(self, txn: Any, request: AppendRequest) -> AppendResult:
-        if not hasattr(self, "shapes"):
-            self.shapes = []
-        names = {id(handle): name for name, handle in self.databases.items()}
-        recorder = _TxnRecorder(txn, names)
-        result = super().append_in(recorder, request)
-        self.shapes.append(recorder.ops)
-        return result
-
-
-def append_shapes(records: list[dict[str, Any]], directory: Path) -> list[list[Any]]:
-    """Return the gets and puts each append of ``records`` makes on a fresh store."""
-    store = _RecordingStore(directory, durability="deferred")
-    try:
-        service = SyncSessionService(store)
-        session = service.create_session(app_name="speed", user_id="u", session_id="s")
-        for event in _native_events(records):
-            service.append_event(session, event)
-        return store.shapes
-    finally:
-        store.close()
 
 
 # -- the mix, prepared -----------------------------------------------------------------
