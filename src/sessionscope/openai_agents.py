@@ -4,9 +4,10 @@
 sessionscope session, ``(app_name, user_id, session_id)``: by default the app
 ``"openai-agents"`` and the user ``"default"``, so that google-adk sessions
 and OpenAI Agents sessions share a store without meeting, and the retention
-calls and the command line see both. Each item is one event record
-(``{"id", "timestamp", "author", "item"}``), the item stored as given
-(msgpack: bytes and nested values come back equal; tuples as lists).
+calls and the command line see both. Each item is one event whose content
+is the item, stored as given (msgpack: bytes and nested values come back
+equal; tuples as lists), and whose author is the item's role or type: the
+native ``SessionService`` reads these sessions as events.
 
 - ``get_items(limit)`` reads the last ``limit`` records, not the history.
 - ``add_items(items)`` is one locked append of the whole list: one
@@ -135,7 +136,7 @@ class AgentsSession:
         ids = [new_event_id() for _ in items]
         records = [
             encode_event(
-                {"id": event_id, "timestamp": now, "author": _author(item), "item": item},
+                {"id": event_id, "timestamp": now, "author": _author(item), "content": item},
                 f"items[{index}]",
             )
             for index, (event_id, item) in enumerate(zip(ids, items, strict=True))
@@ -168,9 +169,7 @@ class AgentsSession:
                 )
             raise result.error
 
-    async def pop_item(
-        self, *, wrapper: RunContextWrapper[Any] | None = None
-    ) -> Any | None:
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> Any | None:
         """Remove and return the newest item (None when there is none), atomically."""
         try:
             popped = await self.store.aio.pop_events(*self._key, 1)
@@ -214,10 +213,10 @@ def _author(item: Any) -> str:
 def _item_of(record: bytes) -> Any:
     """Return the item a stored event record holds."""
     fields = decode_event(record)
-    if not isinstance(fields, dict) or "item" not in fields:
+    if not isinstance(fields, dict) or "content" not in fields:
         raise CorruptStoreError(
             "an event of this session holds no OpenAI Agents item",
             hint="the session was written through another API (the native service or the "
             "google-adk drop-in): give AgentsSession an app_name of its own",
         )
-    return fields["item"]
+    return fields["content"]
