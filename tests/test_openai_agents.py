@@ -30,6 +30,8 @@ from sessionscope.openai_agents import DEFAULT_APP_NAME, DEFAULT_USER_ID, Agents
 
 __all__ = ["store_factory"]
 
+pytestmark = pytest.mark.openai_agents
+
 WORKERS = Path(__file__).with_name("_agents_workers.py")
 SHARED_KINDS = (*LMDB_KINDS, *REDIS_KINDS)
 
@@ -281,10 +283,15 @@ def test_retention_sees_these_sessions(store_factory: StoreFactory) -> None:
     store = store_factory()
     svc = SyncSessionService(store)
     run(AgentsSession("old", store).add_items(items("o", 2)))
-    time.sleep(0.05)
-    cut = 0.02
+    old = store.load_session(DEFAULT_APP_NAME, DEFAULT_USER_ID, "old", 0, None).record
+    while time.time() <= old.last_update_time:  # the next add gets a later time
+        time.sleep(0.001)
     run(AgentsSession("fresh", store).add_items(items("f", 2)))
-    assert svc.expire_sessions(app_name=DEFAULT_APP_NAME, idle_for=cut) == 1
+    fresh = store.load_session(DEFAULT_APP_NAME, DEFAULT_USER_ID, "fresh", 0, None).record
+    assert fresh.last_update_time > old.last_update_time
+    # Idle before a time between the two: the store's own cut, no clock involved.
+    assert store.expire_sessions(DEFAULT_APP_NAME, fresh.last_update_time).result() == 1
+    assert svc.expire_sessions(app_name=DEFAULT_APP_NAME, idle_for=3600) == 0
     assert run(AgentsSession("old", store).get_items()) == []
     assert run(AgentsSession("fresh", store).get_items()) == items("f", 2)
     assert svc.truncate_events(app_name=DEFAULT_APP_NAME, user_id=DEFAULT_USER_ID,
@@ -430,5 +437,45 @@ def test_a_runner_with_a_tool_over_two_turns_in_two_processes(
         assert kinds == ["user", "function_call", "function_call_output", "message"] * 2
         assert history[0]["content"] == "weather in Paris?"
         assert history[2]["output"] == "sunny in city1"
+    finally:
+        factory.close_all()
+
+
+def test_pop_events_takes_thousands_in_one_call(store_factory: StoreFactory) -> None:
+    """More than a Lua call unpacks at once: the Redis function works in slices."""
+    store = store_factory()
+    run(AgentsSession("big", store).add_items(items("b", 900)))
+    run(AgentsSession("big", store).add_items(items("c", 2600)))
+    popped = store.pop_events(DEFAULT_APP_NAME, DEFAULT_USER_ID, "big", 3000).result()
+    assert [_content(r) for r in popped] == [f"b{i}" for i in range(500, 900)] + [
+        f"c{i}" for i in range(2600)
+    ]
+    assert run(AgentsSession("big", store).get_items()) == items("b", 500)
+    assert check_store(store).clean
+
+
+def test_a_pop_sent_again_after_a_lost_reply_removes_nothing_more(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same call (same token) answers as the first: what a retried connection sends."""
+    import redis
+
+    from sessionscope.stores.redis.common import LIBRARY
+    from sessionscope.stores.redis.keys import _Keys
+
+    factory = StoreFactory("redis", tmp_path, _stores.redis_url(request, "redis"))
+    try:
+        store = factory()
+        run(AgentsSession("s", store).add_items(items("r", 3)))
+        assert store.pop_events(DEFAULT_APP_NAME, DEFAULT_USER_ID, "s", 1).result()  # loads
+        rec, events, ids, times, _, positions, names = _Keys(factory.prefix).session(
+            DEFAULT_APP_NAME, DEFAULT_USER_ID, "s"
+        )
+        client = redis.Redis.from_url(factory.server_url)
+        call = (f"{LIBRARY}_pop", 6, rec, events, ids, times, positions, names, 1, "token-1")
+        first, again = client.fcall(*call), client.fcall(*call)
+        client.close()
+        assert first == again and [_content(r) for r in first] == ["r1"]
+        assert run(AgentsSession("s", store).get_items()) == items("r", 1)
     finally:
         factory.close_all()

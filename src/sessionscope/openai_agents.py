@@ -51,6 +51,9 @@ DEFAULT_APP_NAME = "openai-agents"
 DEFAULT_USER_ID = "default"
 
 _FORMAT_BYTE = bytes([EVENT_FORMAT])
+# How many times add_items creates its session and appends again when a
+# clear of another process keeps deleting it in between.
+_CREATE_TRIES = 5
 
 
 class AgentsSession:
@@ -155,9 +158,12 @@ class AgentsSession:
         )
         aio = self.store.aio
         result = await aio.append_many(batch)
-        if isinstance(result.error, SessionNotFoundError) and result.applied == 0:
+        for _ in range(_CREATE_TRIES):
+            if not (isinstance(result.error, SessionNotFoundError) and result.applied == 0):
+                break
             # The first add (or the first after a clear): create the session,
-            # which another process may have done meanwhile, and append again.
+            # which another process may have done meanwhile (or cleared again
+            # between the create and the append), and append again.
             with contextlib.suppress(AlreadyExistsError):
                 await aio.create_session(*self._key, now, [], [], [])
             result = await aio.append_many(batch)

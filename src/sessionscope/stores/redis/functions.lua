@@ -1063,17 +1063,21 @@ local function pop(keys, args)
         index_positions(pos_key, count)
     end
     local doomed = redis.call('ZRANGE', pos_key, -most, -1)
-    local records = redis.call('HMGET', ev_key, unpack(doomed))
-    local names = redis.call('HMGET', names_key, unpack(doomed))
-    for i, seq in ipairs(doomed) do
+    local records = events_of(ev_key, doomed)
+    local names = events_of(names_key, doomed)
+    for i = 1, #doomed do
         if names[i] then
             redis.call('HDEL', ids_key, names[i])
         end
     end
-    redis.call('HDEL', ev_key, unpack(doomed))
-    redis.call('HDEL', names_key, unpack(doomed))
-    redis.call('ZREM', tm_key, unpack(doomed))
-    redis.call('ZREM', pos_key, unpack(doomed))
+    -- In slices, well under Lua's limit on unpacked arguments.
+    for first = 1, #doomed, CHUNK do
+        local slice = {unpack(doomed, first, math.min(#doomed, first + CHUNK - 1))}
+        redis.call('HDEL', ev_key, unpack(slice))
+        redis.call('HDEL', names_key, unpack(slice))
+        redis.call('ZREM', tm_key, unpack(slice))
+        redis.call('ZREM', pos_key, unpack(slice))
+    end
     redis.call('HSET', rec_key, 'r', tostring(removed + #doomed))
     local last = redis.call('ZRANGE', pos_key, -1, -1)
     local last_id = last[1] and redis.call('HGET', names_key, last[1])
