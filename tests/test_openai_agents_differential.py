@@ -23,6 +23,8 @@ from sessionscope.openai_agents import AgentsSession
 
 __all__ = ["store_factory"]
 
+pytestmark = pytest.mark.openai_agents
+
 
 def _item(rng: random.Random, n: int) -> dict[str, Any]:
     """Return an input item of one of the SDK's shapes (JSON values: SQLite stores JSON)."""
