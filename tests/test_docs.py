@@ -57,6 +57,10 @@ class Block:
         return "google.adk" in self.code or "sessionscope.adk" in self.code
 
     @property
+    def needs_agents(self) -> bool:
+        return "sessionscope.openai_agents" in self.code or "from agents" in self.code
+
+    @property
     def needs_redis(self) -> bool:
         return REDIS_ADDRESS in self.code
 
@@ -105,6 +109,8 @@ def runnable() -> list[Block]:
 
 def _param(block: Block) -> object:
     marks = [pytest.mark.adk] if block.needs_adk else []
+    if block.needs_agents:
+        marks.append(pytest.mark.openai_agents)
     return pytest.param(block, id=block.name, marks=marks)
 
 
@@ -149,6 +155,8 @@ def run_block(block: Block, directory: Path, redis_url: str | None) -> None:
 def test_example_runs_as_written(block: Block, tmp_path: Path) -> None:
     if block.needs_adk:
         pytest.importorskip("google.adk", reason="the example needs google-adk")
+    if block.needs_agents:
+        pytest.importorskip("agents", reason="the example needs openai-agents")
     if not block.needs_redis:
         run_block(block, tmp_path, None)
         return
@@ -201,6 +209,7 @@ def test_readme_stays_short_and_links_the_pages() -> None:
     for target in (
         "docs/operations.md",
         "docs/redis.md",
+        "docs/openai-agents.md",
         "docs/cli.md",
         "docs/performance.md",
         "docs/performance-history.md",
@@ -272,7 +281,12 @@ def test_api_reference_builds(tmp_path: Path) -> None:
         adk = False
     # Without google-adk (Python 3.10) the drop-in cannot be imported, so its
     # page is left out; pdoc's "!" excludes a module.
-    modules = ["sessionscope", "sessionscope.adk" if adk else "!sessionscope.adk"]
+    agents = importlib.util.find_spec("agents") is not None
+    modules = [
+        "sessionscope",
+        "sessionscope.adk" if adk else "!sessionscope.adk",
+        "sessionscope.openai_agents" if agents else "!sessionscope.openai_agents",
+    ]
     out = tmp_path / "site"
     # The README's command: the package's __all__ keeps internal modules out.
     done = subprocess.run(
@@ -294,6 +308,9 @@ def test_api_reference_builds(tmp_path: Path) -> None:
         "DumpCounts",
     ):
         assert f'id="{name}"' in top, f"the reference does not document {name}"
+    if agents:
+        page = (out / "sessionscope" / "openai_agents.html").read_text(encoding="utf-8")
+        assert 'id="AgentsSession"' in page, "the reference does not document AgentsSession"
     if adk:
         page = (out / "sessionscope" / "adk.html").read_text(encoding="utf-8")
         for name in ("LmdbSessionService", "RedisSessionService", "migrate_from_adk"):

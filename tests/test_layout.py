@@ -29,7 +29,7 @@ def _methods(cls: type) -> set[str]:
 
 
 def test_every_face_has_the_methods_of_the_store_interface() -> None:
-    assert len(STORE_METHODS) == len(set(STORE_METHODS)) == 21
+    assert len(STORE_METHODS) == len(set(STORE_METHODS)) == 22
     assert _methods(Store) == {*STORE_METHODS, "aio"}
     assert _methods(AsyncStore) == set(STORE_METHODS)
     assert _methods(InlineAsyncStore) == set(STORE_METHODS)

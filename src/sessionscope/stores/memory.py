@@ -322,6 +322,27 @@ class MemoryStore:
                 stored.record.removed_count += removed
             return Completion.done(removed)
 
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Completion[list[bytes]]:
+        """Remove a session's newest ``count`` events and return their records, oldest first."""
+        with self._lock:
+            self._check_open()
+            stored = self._find(app_name, user_id, session_id)
+            if stored is None:
+                return Completion.failed(_not_found(app_name, user_id, session_id))
+            keep = max(0, len(stored.events) - count)
+            popped = stored.events[keep:]
+            for record_bytes in popped:
+                stored.event_index.pop(event_copy(record_bytes).event_id, None)
+            del stored.events[keep:], stored.timestamps[keep:], stored.seqs[keep:]
+            record = stored.record
+            record.removed_count += len(popped)
+            if popped:
+                last = stored.events[-1] if stored.events else None
+                record.last_event_id = None if last is None else event_copy(last).event_id
+            return Completion.done(popped)
+
     def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
         """Delete the sessions whose last update is before ``idle_before``."""
         return self._delete_where(

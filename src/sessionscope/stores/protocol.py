@@ -162,6 +162,21 @@ class Store(Protocol):
         """
         ...
 
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Completion[list[bytes]]:
+        """Remove a session's newest ``count`` stored events and return their records.
+
+        One transaction: two callers never get the same event. The records
+        come oldest first (fewer when fewer are stored, none from an empty
+        session). As with a truncation, ``removed_count`` grows by the
+        number removed (positions are never reused, so the marker moves),
+        ``last_event_id`` names the newest event left, and state and
+        ``last_update_time`` stay. SessionNotFoundError if the session does
+        not exist.
+        """
+        ...
+
     def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
         """Delete the sessions (of one app, or all) whose ``last_update_time < idle_before``.
 
@@ -304,6 +319,12 @@ class AsyncStore(Protocol):
         """Remove old events of a session; see ``Store.truncate_events``."""
         ...
 
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Awaitable[list[bytes]]:
+        """Remove a session's newest events; see ``Store.pop_events``."""
+        ...
+
     async def expire_sessions(self, app_name: str | None, idle_before: float) -> int:
         """Delete idle sessions; see ``Store.expire_sessions``."""
         ...
@@ -352,6 +373,7 @@ STORE_METHODS: tuple[str, ...] = (
     "flush",
     "close",
     "truncate_events",
+    "pop_events",
     "expire_sessions",
     "delete_user",
     "delete_app",
@@ -432,6 +454,7 @@ class InlineAsyncStore:
     flush = _given("flush")
     close = _inline("close")
     truncate_events = _thread("truncate_events")
+    pop_events = _given("pop_events")
     expire_sessions = _thread("expire_sessions")
     delete_user = _thread("delete_user")
     delete_app = _thread("delete_app")

@@ -30,6 +30,7 @@ from .layout import (
     PURGE,
     U64,
     USER,
+    after,
     decode_record,
     part,
     put_record,
@@ -42,7 +43,7 @@ from .layout import (
 if TYPE_CHECKING:
     from .writer import Writer
 
-__all__ = ["delete_app", "delete_user", "expire_sessions", "truncate_events"]
+__all__ = ["delete_app", "delete_user", "expire_sessions", "pop_events", "truncate_events"]
 
 
 def truncate_events(
@@ -138,6 +139,56 @@ def truncate_events(
     except SessionNotFoundError as error:
         # Deleted between two batches: what was removed stays removed.
         return Completion.done(total) if total else Completion.failed(error)
+
+
+def pop_events(
+    writer: Writer, app_name: str, user_id: str, session_id: str, count: int
+) -> Completion[list[bytes]]:
+    """Remove a session's newest ``count`` events in one transaction; return their records.
+
+    The last positions go, as a truncation's first ones do: their id and
+    time index entries with them, ``removed_count`` grows (positions are
+    not reused) and ``last_event_id`` names the newest event left.
+    """
+
+    def pop(txn: Any) -> list[bytes]:
+        dbs = writer.dbs
+        record = read_record(txn, dbs, app_name, user_id, session_id)
+        if record is None:
+            raise SessionNotFoundError(
+                f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+            )
+        number = U64.pack(record.number)
+        prefix = number + EVENT
+        cursor = txn.cursor(db=dbs.data)
+        following = after(prefix) or prefix
+        positioned = cursor.prev() if cursor.set_range(following) else cursor.last()
+        doomed: list[tuple[bytes, bytes]] = []  # (key, value), newest first
+        while positioned and cursor.key().startswith(prefix) and len(doomed) < count:
+            doomed.append((cursor.key(), cursor.value()))
+            positioned = cursor.prev()
+        if not doomed:
+            return []
+        remaining = cursor.value() if positioned and cursor.key().startswith(prefix) else None
+        timed = dbs.timed(record)
+        records: list[bytes] = []
+        for key, value in reversed(doomed):
+            timestamp = F64.unpack_from(value)[0]
+            event = bytes(value[8:])
+            txn.delete(key, db=dbs.data)
+            if timed:
+                txn.delete(number + EVENT_TIME + sortable_time(timestamp) + key[9:], db=dbs.data)
+            txn.delete(number + EVENT_ID + unique_part(event_copy(event, timestamp).event_id),
+                       db=dbs.data)  # fmt: skip
+            records.append(event)
+        record.removed_count += len(doomed)
+        record.last_event_id = (
+            None if remaining is None else event_copy(bytes(remaining[8:]), 0.0).event_id
+        )
+        put_record(txn, dbs, record)
+        return records
+
+    return writer.write(pop)
 
 
 def expire_sessions(

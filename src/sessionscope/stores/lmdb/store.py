@@ -458,6 +458,12 @@ class LmdbStore:
             self._writer, app_name, user_id, session_id, before, keep_last
         )
 
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Completion[list[bytes]]:
+        """Remove a session's newest ``count`` events in one transaction; return their records."""
+        return retention.pop_events(self._writer, app_name, user_id, session_id, count)
+
     def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
         """Delete the sessions whose last update is before ``idle_before``, in batches."""
         return retention.expire_sessions(self._writer, app_name, idle_before, self._stopping_expiry)

@@ -1,5 +1,5 @@
-#!lua name=sessionscope_6
--- The server side of sessionscope's Redis store (library version 6).
+#!lua name=sessionscope_7
+-- The server side of sessionscope's Redis store (library version 7).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -962,6 +962,23 @@ local function delete(keys, args)
     return 1
 end
 
+-- The first removal of a session's events: from now on the positions set
+-- (every position 0..count-1 to begin with) says which stay.
+local function index_positions(pos_key, count)
+    local all = {}
+    for s = 0, count - 1 do
+        all[#all + 1] = s
+        all[#all + 1] = tostring(s)
+        if #all >= 2 * CHUNK then
+            redis.call('ZADD', pos_key, unpack(all))
+            all = {}
+        end
+    end
+    if #all > 0 then
+        redis.call('ZADD', pos_key, unpack(all))
+    end
+end
+
 -- KEYS: record, events, ids, times, positions, names.
 -- ARGV: 'before' and a time, or 'keep' and a count; the most to remove now.
 -- Removes the oldest matching events (up to the most) and returns how many;
@@ -997,19 +1014,7 @@ local function truncate(keys, args)
         return 0
     end
     if removed == 0 then
-        -- The first truncation: from now on the positions set says which stay.
-        local all = {}
-        for s = 0, count - 1 do
-            all[#all + 1] = s
-            all[#all + 1] = tostring(s)
-            if #all >= 2 * CHUNK then
-                redis.call('ZADD', pos_key, unpack(all))
-                all = {}
-            end
-        end
-        if #all > 0 then
-            redis.call('ZADD', pos_key, unpack(all))
-        end
+        index_positions(pos_key, count)
     end
     local names = redis.call('HMGET', names_key, unpack(doomed))
     for i, seq in ipairs(doomed) do
@@ -1025,6 +1030,64 @@ local function truncate(keys, args)
     redis.call('ZREM', pos_key, unpack(doomed))
     redis.call('HSET', rec_key, 'r', tostring(removed + #doomed))
     return #doomed
+end
+
+-- KEYS: record, events, ids, times, positions, names.
+-- ARGV: how many events to remove, the call's token.
+-- Removes the newest stored events (as a truncation removes the oldest:
+-- removed count up, positions never reused) and returns their records,
+-- oldest first; false when the session does not exist. A session whose
+-- times were a string in position order gets the sorted set first: its
+-- stored positions no longer run from the removed count to the last.
+-- The record keeps the last call's token and reply ('pt', 'pr'): the same
+-- call sent again after a lost reply answers as the first, removing nothing.
+local function pop(keys, args)
+    local rec_key, ev_key, ids_key, tm_key, pos_key, names_key = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+    local rec = read_record(rec_key)
+    if not rec then
+        return false
+    end
+    local done = redis.call('HMGET', rec_key, 'pt', 'pr')
+    if done[1] == args[2] then
+        return cmsgpack.unpack(done[2])
+    end
+    local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[1])
+    if count - removed == 0 or most <= 0 then
+        redis.call('HDEL', rec_key, 'pt', 'pr')
+        return {}
+    end
+    if redis.call('HEXISTS', rec_key, 'ts') == 1 then
+        times_to_set(rec_key, tm_key, removed, count)
+    end
+    if removed == 0 then
+        index_positions(pos_key, count)
+    end
+    local doomed = redis.call('ZRANGE', pos_key, -most, -1)
+    local records = events_of(ev_key, doomed)
+    local names = events_of(names_key, doomed)
+    for i = 1, #doomed do
+        if names[i] then
+            redis.call('HDEL', ids_key, names[i])
+        end
+    end
+    -- In slices, well under Lua's limit on unpacked arguments.
+    for first = 1, #doomed, CHUNK do
+        local slice = {unpack(doomed, first, math.min(#doomed, first + CHUNK - 1))}
+        redis.call('HDEL', ev_key, unpack(slice))
+        redis.call('HDEL', names_key, unpack(slice))
+        redis.call('ZREM', tm_key, unpack(slice))
+        redis.call('ZREM', pos_key, unpack(slice))
+    end
+    redis.call('HSET', rec_key, 'r', tostring(removed + #doomed))
+    local last = redis.call('ZRANGE', pos_key, -1, -1)
+    local last_id = last[1] and redis.call('HGET', names_key, last[1])
+    if last_id then
+        redis.call('HSET', rec_key, 'l', last_id)
+    else
+        redis.call('HDEL', rec_key, 'l')
+    end
+    redis.call('HSET', rec_key, 'pt', args[2], 'pr', cmsgpack.pack(records))
+    return records
 end
 
 -- KEYS: record, events, ids, times, state, names, index, counter
@@ -1128,13 +1191,14 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_6_append', append)
-redis.register_function('sessionscope_6_create', create)
-redis.register_function{function_name = 'sessionscope_6_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_6_delete', delete)
-redis.register_function('sessionscope_6_truncate', truncate)
-redis.register_function('sessionscope_6_restore', restore)
-redis.register_function('sessionscope_6_apply', apply)
-redis.register_function('sessionscope_6_clear', clear)
-redis.register_function('sessionscope_6_prune', prune)
-redis.register_function{function_name = 'sessionscope_6_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_7_append', append)
+redis.register_function('sessionscope_7_create', create)
+redis.register_function{function_name = 'sessionscope_7_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_7_delete', delete)
+redis.register_function('sessionscope_7_truncate', truncate)
+redis.register_function('sessionscope_7_pop', pop)
+redis.register_function('sessionscope_7_restore', restore)
+redis.register_function('sessionscope_7_apply', apply)
+redis.register_function('sessionscope_7_clear', clear)
+redis.register_function('sessionscope_7_prune', prune)
+redis.register_function{function_name = 'sessionscope_7_noop', callback = noop, flags = {'no-writes'}}

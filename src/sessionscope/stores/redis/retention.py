@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from ...errors import SessionNotFoundError
 from ..rules import BATCH_EVENTS, BATCH_SESSIONS
 from .common import _FN, Command, Plan, _number_text
@@ -37,6 +39,23 @@ class RetentionPlans(SessionPlans):
             removed += gone
             if gone < BATCH_EVENTS:
                 return removed
+
+    def pop(self, app_name: str, user_id: str, session_id: str, count: int) -> Plan[list[bytes]]:
+        """Remove a session's newest ``count`` events in one FCALL; return their records."""
+        rec, events, ids, times, _, positions, names = self.keys.session(
+            app_name, user_id, session_id
+        )
+        # The token makes the call idempotent: sent again after a lost reply,
+        # it answers with what the first removed.
+        token = secrets.token_hex(8)
+        (reply,) = yield [
+            ("FCALL", _FN + "pop", 6, rec, events, ids, times, positions, names, count, token)
+        ]
+        if reply is None:
+            raise SessionNotFoundError(
+                f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+            )
+        return [bytes(record) for record in reply]
 
     def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:
         """Delete a user's sessions (only those idle since ``idle_before``, when given)."""

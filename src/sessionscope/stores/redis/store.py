@@ -99,6 +99,7 @@ _OPERATIONS: dict[str, tuple[str, str]] = {
     "read_user_state": ("read_user", "read"),
     "noop": ("noop", "read"),
     "truncate_events": ("truncate", "task"),
+    "pop_events": ("pop", "write"),
     "expire_sessions": ("expire", "task"),
     "delete_user": ("delete_user", "task"),
     "delete_app": ("delete_app", "task"),
@@ -124,6 +125,7 @@ _DOCS = {
     "which benchmarks set beside an append's cost.",
     "truncate_events": "Remove events with ``timestamp < before``, or all but the last "
     "``keep_last``.",
+    "pop_events": "Remove a session's newest ``count`` events in one FCALL; return their records.",
     "expire_sessions": "Delete the sessions whose last update is before ``idle_before``.",
     "delete_user": "Delete every session of a user and the user's state map.",
     "delete_app": "Delete every session, user map and the app map of an app.",
@@ -264,6 +266,7 @@ class _AsyncRedisStore:
     read_user_state = _async_op("read_user_state")
     noop = _async_op("noop")
     truncate_events = _async_op("truncate_events")
+    pop_events = _async_op("pop_events")
     expire_sessions = _async_op("expire_sessions")
     delete_user = _async_op("delete_user")
     delete_app = _async_op("delete_app")
@@ -458,6 +461,7 @@ class RedisStore:
     read_user_state = _sync_op("read_user_state")
     noop = _sync_op("noop")
     truncate_events = _sync_op("truncate_events")
+    pop_events = _sync_op("pop_events")
     expire_sessions = _sync_op("expire_sessions")
     delete_user = _sync_op("delete_user")
     delete_app = _sync_op("delete_app")

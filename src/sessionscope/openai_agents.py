@@ -1,0 +1,254 @@
+"""A ``Session`` of the OpenAI Agents SDK on any sessionscope store (the openai-agents extra).
+
+``AgentsSession`` keeps a conversation's items as the events of one
+sessionscope session, ``(app_name, user_id, session_id)``: by default the app
+``"openai-agents"`` and the user ``"default"``, so that google-adk sessions
+and OpenAI Agents sessions share a store without meeting, and the retention
+calls and the command line see both. Each item is one event whose content
+is the item, stored as given (msgpack: bytes and nested values come back
+equal; tuples as lists), and whose author is the item's role or type: the
+native ``SessionService`` reads these sessions as events.
+
+- ``get_items(limit)`` reads the last ``limit`` records, not the history.
+- ``add_items(items)`` is one locked append of the whole list: one
+  transaction on memory and LMDB, one server-side call on Redis (lists of
+  up to 1,000 items; see docs/openai-agents.md), in order; processes adding
+  to one session interleave whole lists.
+- ``pop_item()`` removes the newest item in one transaction
+  (``Store.pop_events``): two processes popping never get the same item.
+- ``clear_session()`` deletes the session; the next add creates it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from agents.memory import SessionSettings
+from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
+
+from .codec import EVENT_FORMAT, decode_event, encode_event, unpack
+from .errors import AlreadyExistsError, CorruptStoreError, SessionNotFoundError
+from .model import new_event_id
+from .service.core import check_id
+from .stores import open_store
+from .stores.memory import MemoryStore
+from .stores.protocol import Store
+from .stores.records import AppendBatch
+
+if TYPE_CHECKING:
+    from agents.run_context import RunContextWrapper
+
+__all__ = ["DEFAULT_APP_NAME", "DEFAULT_USER_ID", "AgentsSession"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_APP_NAME = "openai-agents"
+DEFAULT_USER_ID = "default"
+
+_FORMAT_BYTE = bytes([EVENT_FORMAT])
+# How many times add_items creates its session and appends again when a
+# clear of another process keeps deleting it in between.
+_CREATE_TRIES = 5
+
+
+class AgentsSession:
+    """The OpenAI Agents SDK's ``Session`` protocol over a sessionscope store.
+
+    ``store`` is a store object (shared by many sessions; the caller closes
+    it) or a store URI (``lmdb:///path``, ``redis://host:port``,
+    ``redis+cluster://...``, ``memory://``), which this session opens and
+    closes; None is a new in-memory store. Every method takes the SDK's
+    ``wrapper`` keyword (the run context) and ignores it.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        store: Store | str | None = None,
+        *,
+        app_name: str = DEFAULT_APP_NAME,
+        user_id: str = DEFAULT_USER_ID,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(session_id, str):
+            raise ValueError(f"session_id must be a str, not {type(session_id).__name__}")
+        self.session_id = check_id(session_id.strip(), "session_id")
+        self.app_name = check_id(app_name, "app_name")
+        self.user_id = check_id(user_id, "user_id")
+        self.session_settings: SessionSettings | None = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._owns_store = store is None or isinstance(store, str)
+        if store is None:
+            store = MemoryStore()
+        elif isinstance(store, str):
+            store = open_store(store)
+        self.store: Store = store
+        self._key = (self.app_name, self.user_id, self.session_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentsSession(session_id={self.session_id!r}, app_name={self.app_name!r}, "
+            f"user_id={self.user_id!r}, store={self.store!r})"
+        )
+
+    # -- the Session protocol ----------------------------------------------
+
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[Any]:
+        """Return the latest ``limit`` items, oldest first (all when None).
+
+        ``limit`` None takes ``session_settings.limit``, as the SDK resolves
+        it. Only the last ``limit`` records are read. A negative limit is a
+        ValueError.
+        """
+        wanted = resolve_session_limit(limit, self.session_settings)
+        if wanted is not None:
+            if isinstance(wanted, bool) or not isinstance(wanted, int):
+                raise TypeError(f"limit must be an int or None, not {type(wanted).__name__}")
+            if wanted < 0:
+                raise ValueError(f"limit must not be negative, got {wanted}")
+            if wanted == 0:
+                return []
+        loaded = await self.store.aio.load_session(*self._key, wanted, None)
+        if loaded is None:
+            return []
+        return _items_of(loaded.events)
+
+    async def add_items(
+        self, items: list[Any], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
+        """Append ``items`` in order, all or nothing, in one write.
+
+        Every item is checked before anything is written: an unstorable
+        value is a TypeError naming it (``items[2]['content']: set is not
+        storable``) and the session is left as it was.
+        """
+        if isinstance(items, (str, bytes, Mapping)):
+            raise TypeError(f"items must be a list of items, not {type(items).__name__}")
+        items = list(items)
+        if not items:
+            return
+        now = time.time()
+        ids = [new_event_id() for _ in items]
+        records = [
+            encode_event(
+                {"id": event_id, "timestamp": now, "author": _author(item), "content": item},
+                f"items[{index}]",
+            )
+            for index, (event_id, item) in enumerate(zip(ids, items, strict=True))
+        ]
+        batch = AppendBatch(
+            [self._key],
+            [0] * len(items),
+            ids,
+            [now] * len(items),
+            records,
+            [[] for _ in items],
+            [[] for _ in items],
+            [[] for _ in items],
+        )
+        aio = self.store.aio
+        result = await aio.append_many(batch)
+        for _ in range(_CREATE_TRIES):
+            if not (isinstance(result.error, SessionNotFoundError) and result.applied == 0):
+                break
+            # The first add (or the first after a clear): create the session,
+            # which another process may have done meanwhile (or cleared again
+            # between the create and the append), and append again.
+            with contextlib.suppress(AlreadyExistsError):
+                await aio.create_session(*self._key, now, [], [], [])
+            result = await aio.append_many(batch)
+        if result.error is not None:
+            if result.applied:
+                _log.warning(
+                    "add_items stored %d of %d items of session %r before an error",
+                    result.applied,
+                    len(items),
+                    self.session_id,
+                )
+            raise result.error
+
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> Any | None:
+        """Remove and return the newest item (None when there is none), atomically."""
+        try:
+            popped = await self.store.aio.pop_events(*self._key, 1)
+        except SessionNotFoundError:
+            return None
+        return _item_of(popped[0]) if popped else None
+
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
+        """Remove every item of this session; other sessions stay as they are."""
+        await self.store.aio.delete_session(*self._key)
+
+    # -- lifetime ----------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the store if this session opened it (from a URI or None); else do nothing."""
+        if self._owns_store:
+            await self.store.aio.close()
+
+    async def __aenter__(self) -> AgentsSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _author(item: Any) -> str:
+    """Return who an item is from, for the command line: its role, else its type."""
+    if isinstance(item, Mapping):
+        for field in ("role", "type"):
+            value = item.get(field)
+            if isinstance(value, str):
+                return value
+    return ""
+
+
+def _items_of(records: list[bytes]) -> list[Any]:
+    """Return the items stored records hold, in order.
+
+    The records' bodies are unpacked as one msgpack array, in one call:
+    decoding is most of what reading twenty items costs. Any record that
+    is not of the current format, or that does not unpack, is decoded on
+    its own, which says what is wrong.
+    """
+    count = len(records)
+    if all(record[:1] == _FORMAT_BYTE for record in records):
+        head = (
+            bytes([0x90 | count]) if count < 16
+            else b"\xdc" + count.to_bytes(2, "big") if count < 65536
+            else b"\xdd" + count.to_bytes(4, "big")
+        )  # fmt: skip
+        try:
+            fields = unpack(head + b"".join([memoryview(record)[1:] for record in records]))
+        except Exception:  # decoded one by one below, which names the damage
+            fields = None
+        if fields is not None and all(type(f) is dict and "content" in f for f in fields):
+            return [f["content"] for f in fields]
+    return [_item_of(record) for record in records]
+
+
+def _item_of(record: bytes) -> Any:
+    """Return the item a stored event record holds."""
+    fields = decode_event(record)
+    if not isinstance(fields, dict) or "content" not in fields:
+        raise CorruptStoreError(
+            "an event of this session holds no OpenAI Agents item",
+            hint="the session was written through another API (the native service or the "
+            "google-adk drop-in): give AgentsSession an app_name of its own",
+        )
+    return fields["content"]
