@@ -109,9 +109,10 @@ class EncryptionKeyError(StoreError):
     """
 
 
-class KeyErasedError(StoreError):
-    """A record of an encrypted store was written under a data key that was erased.
+class KeyErasedError(CorruptStoreError):
+    """A record of an encrypted store is sealed under a data key its user or app does not have.
 
     ``delete_user`` and ``delete_app`` destroy their data keys: a backup, a
     dump or a stale copy of what they held can no longer be read by anyone.
+    (A record copied from another user's place looks the same.)
     """

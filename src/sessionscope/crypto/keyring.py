@@ -137,9 +137,10 @@ class Keyring:
             if found is not None:
                 return found
         raise KeyErasedError(
-            f"{what} was sealed under a data key that was erased (key id {key_id:#010x})",
-            hint="its user or app was erased (delete_user, delete_app): nobody can read it; "
-            "delete it (delete_user or delete_session) to tidy the store",
+            f"{what} is sealed under a data key its user or app does not have (key id "
+            f"{key_id:#010x}): the key was erased, or the record was copied from another user",
+            hint="an erased user's or app's data (delete_user, delete_app) can be read by "
+            "nobody; delete what is left of it with delete_user or delete_app",
         )
 
     def rotate(self, scope: bytes) -> int:

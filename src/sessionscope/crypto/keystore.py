@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..errors import StoreError, StoreNotFoundError
+from ..errors import StoreClosedError, StoreError, StoreNotFoundError
 from ..stores.uri import redact, uri_path
 
 __all__ = ["KeyBackend", "open_key_store"]
@@ -109,6 +109,7 @@ class MemoryKeys:
 # of a path shares one, closed when the last lets go.
 _lmdb_lock = threading.Lock()
 _lmdb_open: dict[str, tuple[Any, int]] = {}
+_named_memory: dict[str, MemoryKeys] = {}
 
 
 class LmdbKeys:
@@ -129,6 +130,7 @@ class LmdbKeys:
             if known is not None:
                 self._env = known[0]
                 _lmdb_open[self._real] = (known[0], known[1] + 1)
+                self._closed = False
                 return
             try:
                 path.mkdir(mode=0o700, exist_ok=True)
@@ -146,13 +148,18 @@ class LmdbKeys:
     def __repr__(self) -> str:
         return f"LmdbKeys({self.where!r})"
 
+    def _begin(self, write: bool = False) -> Any:
+        if self._closed:
+            raise StoreClosedError(f"the key store {self.where} is closed")
+        return self._env.begin(write=write)
+
     def get(self, key: bytes) -> bytes | None:
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             value = txn.get(key)
         return None if value is None else bytes(value)
 
     def add(self, key: bytes, value: bytes) -> bytes:
-        with self._env.begin(write=True) as txn:
+        with self._begin(True) as txn:
             stored = txn.get(key)
             if stored is not None:
                 return bytes(stored)
@@ -160,18 +167,18 @@ class LmdbKeys:
         return value
 
     def swap(self, key: bytes, old: bytes, new: bytes) -> bool:
-        with self._env.begin(write=True) as txn:
+        with self._begin(True) as txn:
             if txn.get(key) != old:
                 return False
             txn.put(key, new)
         return True
 
     def delete(self, key: bytes) -> None:
-        with self._env.begin(write=True) as txn:
+        with self._begin(True) as txn:
             txn.delete(key)
 
     def delete_prefix(self, prefix: bytes) -> int:
-        with self._env.begin(write=True) as txn:
+        with self._begin(True) as txn:
             cursor = txn.cursor()
             gone = 0
             if cursor.set_range(prefix):
@@ -183,7 +190,7 @@ class LmdbKeys:
 
     def items(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         found: list[tuple[bytes, bytes]] = []
-        with self._env.begin() as txn:
+        with self._begin() as txn:
             cursor = txn.cursor()
             if cursor.set_range(prefix):
                 for key, value in cursor:
@@ -289,7 +296,11 @@ def open_key_store(location: str, *, create: bool = True) -> KeyBackend:
     """Open the key store a URI names (``lmdb:///path``, ``redis://...?prefix=``, ``memory://``)."""
     parts = urlsplit(location)
     if parts.scheme == "memory":
-        return MemoryKeys()
+        # memory:// is new each time; memory://name is shared by name in this process.
+        if not parts.netloc:
+            return MemoryKeys()
+        with _lmdb_lock:
+            return _named_memory.setdefault(parts.netloc, MemoryKeys())
     if parts.scheme == "lmdb":
         path = uri_path(location).split("?", 1)[0]
         if not path:
