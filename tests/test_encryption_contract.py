@@ -44,7 +44,11 @@ asvc = _stores.asvc
 
 for _module in (test_contract, test_retention, test_service_sync_async, test_dump):
     for _name, _test in vars(_module).items():
-        if _name.startswith("test_") and callable(_test):
-            if _name not in _PLAIN_TARGETS and _FIXTURES & set(inspect.signature(_test).parameters):
-                globals()[_name] = _test
+        if (
+            _name.startswith("test_")
+            and callable(_test)
+            and _name not in _PLAIN_TARGETS
+            and _FIXTURES & set(inspect.signature(_test).parameters)
+        ):
+            globals()[_name] = _test
 good_dump = test_dump.good_dump

@@ -35,7 +35,7 @@ from __future__ import annotations
 import gzip
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from hashlib import blake2b
 from pathlib import Path
@@ -439,7 +439,7 @@ def _check(store: Store | None, path: Path) -> DumpCounts:
     return DumpCounts(len(apps), users, sessions, events)
 
 
-def _items(path: Path) -> Iterator[tuple[Any, ...]]:
+def _items(path: Path) -> Generator[tuple[Any, ...], None, None]:
     """Yield ("app", app, items), ("user", app, user, items) and ("session", copy).
 
     Everything is checked while it streams: the header first, the trailer's
