@@ -35,7 +35,7 @@ from __future__ import annotations
 import gzip
 import os
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from hashlib import blake2b
 from pathlib import Path
