@@ -224,8 +224,10 @@ def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
         raise EncryptionKeyError(f"the key store {keys.where} holds no keys", hint="check keys=")
     if old.key_id == new.key_id:
         raise ValueError("the new key-encryption key is the old one")
+    # Once done (kek is new), running again re-wraps what a process still
+    # holding the old key wrote meanwhile.
     allowed = {meta.get("kek"), meta.get("next")}
-    if old.key_id not in allowed:
+    if old.key_id not in allowed and meta.get("kek") != new.key_id:
         raise EncryptionKeyError(
             f"the old key-encryption key ({old.source}, key id {old.key_id}) is not the one "
             f"of {keys.where} (key id {meta.get('kek')})",

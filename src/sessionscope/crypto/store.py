@@ -107,6 +107,12 @@ def open_encrypted(
     if location is None:
         raise ValueError("an encrypted Redis store needs its key store: keys=URI")
     marker = marker_of(inner)
+    if not marker and inner.list_apps():
+        raise IncompatibleStoreError(
+            "this store holds data written without encryption: it cannot be opened encrypted",
+            hint="open it without a key, or export it and import the dump into a new "
+            "encrypted store",
+        )
     keys = open_key_store(location, create=create and not marker)
     try:
         keyring = _keyring(inner, marker, keys, kek)
@@ -118,17 +124,10 @@ def open_encrypted(
 
 def _keyring(inner: Store, marker: dict[str, Any], keys: KeyBackend, kek: Kek) -> Keyring:
     meta = read_meta(keys)
-    if marker:
-        if meta is None or meta["id"] != marker.get("keystore"):
-            raise EncryptionKeyError(
-                f"the key store {keys.where} does not hold this store's data keys",
-                hint="give the key store (keys=) this store was written with",
-            )
-    elif inner.list_apps():
-        raise IncompatibleStoreError(
-            "this store holds data written without encryption: it cannot be opened encrypted",
-            hint="open it without a key, or export it and import the dump into a new "
-            "encrypted store",
+    if marker and (meta is None or meta["id"] != marker.get("keystore")):
+        raise EncryptionKeyError(
+            f"the key store {keys.where} does not hold this store's data keys",
+            hint="give the key store (keys=) this store was written with",
         )
     if meta is not None and kek.key_id not in (meta.get("kek"), meta.get("next")):
         raise EncryptionKeyError(
