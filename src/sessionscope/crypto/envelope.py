@@ -5,19 +5,27 @@ ciphertext and tag (16)``. The associated data names the value's place
 (``place``: kind, app, user, session, event id or state key, packed as one
 msgpack array), so a ciphertext copied to another place does not open.
 
-The nonce is synthetic: the first 12 bytes of HMAC-SHA256, under a key of its
-own, of the associated data and the plaintext. Sealing the same value at the
-same place twice gives the same bytes, which lets a store recognise a
-retried append (it compares the stored record with the given one) and a
-restored session equal to the stored one; different values never share a
-nonce unless HMAC-SHA256 collides. What it reveals: that two values stored
-at one place are equal, which the store's retry rules reveal anyway.
+An event record's nonce is synthetic: keyed BLAKE2b (under a key of its
+own) of the associated data and the plaintext, cut to 12 bytes. Sealing
+the same record at the same place twice gives the same bytes, which lets a
+store recognise a retried append (it compares the stored record with the
+given one); different records never share a nonce unless BLAKE2b collides.
+What it reveals: that a record stored twice at one place is the same, which
+the store's retry rules reveal anyway. A state value's nonce is random (96
+bits: 8 random bytes drawn when a process unwraps the key, then a 4-byte
+counter, redrawn when it wraps), so no two values sealed under one data key
+share a nonce unless two draws of 64 random bits collide; ``EncryptedStore``
+compares restored state in plaintext.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import itertools
+import os
 import struct
+import threading
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -33,9 +41,11 @@ __all__ = [
     "key_id_of",
     "place",
     "split",
+    "state_place",
 ]
 
 SEALED_VERSION = 1
+_blake2b = hashlib.blake2b
 _ID = struct.Struct(">BI")
 HEADER = _ID.size + 12  # version, key id, nonce
 _TAG = 16
@@ -45,6 +55,11 @@ def place(*parts: Any) -> bytes:
     """Return the associated data naming a value's place (kind first, then its ids)."""
     result: bytes = pack(parts)
     return result
+
+
+def state_place(prefix: bytes, key: str) -> bytes:
+    """Return the place of a state value: its map's place (a packed array) and its key."""
+    return prefix + key.encode()
 
 
 def derive(key: bytes, label: bytes) -> bytes:
@@ -62,6 +77,8 @@ def split(sealed: bytes) -> tuple[int, int]:
     if len(sealed) < HEADER + _TAG:
         raise ValueError("too short to be a sealed value")
     version, key_id = _ID.unpack_from(sealed)
+    if version != SEALED_VERSION:
+        raise ValueError(f"sealed with version {version}, this version reads {SEALED_VERSION}")
     return version, key_id
 
 
@@ -72,7 +89,7 @@ class Cipher:
     ``repr`` shows the key id alone.
     """
 
-    __slots__ = ("_aead", "_head", "_nonce_key", "key_id")
+    __slots__ = ("_aead", "_count", "_head", "_lock", "_nonce_key", "_salt", "key_id")
 
     def __init__(self, key_id: int, key: bytes) -> None:
         if len(key) != 32:
@@ -81,14 +98,32 @@ class Cipher:
         self._aead = AESGCM(derive(key, b"aes-256-gcm"))
         self._nonce_key = derive(key, b"nonce")
         self._head = _ID.pack(SEALED_VERSION, key_id)
+        self._salt = os.urandom(8)
+        self._count = itertools.count()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Cipher(key_id={self.key_id:#010x})"
 
     def seal(self, plaintext: bytes, where: bytes) -> bytes:
-        """Return ``plaintext`` sealed at the place ``where``."""
-        nonce = hmac.digest(self._nonce_key, where + plaintext, "sha256")[:12]
-        return self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
+        """Return ``plaintext`` sealed at the place ``where``, under a random nonce."""
+        number = next(self._count)  # atomic under the GIL and in free-threaded builds
+        if number >= 0xFFFFFFFF:
+            with self._lock:
+                if next(self._count) >= 0xFFFFFFFF:
+                    self._salt, self._count = os.urandom(8), itertools.count(1)
+            number = 0
+            nonce = os.urandom(12)
+        else:
+            nonce = self._salt + number.to_bytes(4, "big")
+        sealed: bytes = self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
+        return sealed
+
+    def seal_fixed(self, plaintext: bytes, where: bytes) -> bytes:
+        """Return ``plaintext`` sealed at ``where``, the same bytes each time (synthetic nonce)."""
+        nonce = _blake2b(where + plaintext, key=self._nonce_key, digest_size=12).digest()
+        sealed: bytes = self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
+        return sealed
 
     def open(self, sealed: bytes, where: bytes) -> bytes | None:
         """Return the plaintext of ``sealed`` at ``where``; None if it was altered or moved."""

@@ -124,6 +124,11 @@ class Keyring:
             raw = self._keys.add(scope, self._record(scope, None))
         return self._load(scope, raw)[0]
 
+    def cached(self, scope: bytes, key_id: int) -> Cipher | None:
+        """Return the cipher of a data key if this keyring holds it unwrapped, else None."""
+        known = self._cache.get(scope)
+        return None if known is None else known[1].get(key_id)
+
     def cipher(self, scope: bytes, key_id: int, what: str) -> Cipher:
         """Return the cipher of data key ``key_id`` of a scope; KeyErasedError if it is gone."""
         known = self._cache.get(scope)

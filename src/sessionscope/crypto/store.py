@@ -44,8 +44,10 @@ from ..stores.records import (
     LoadedSession,
     SessionCopy,
     SessionRecord,
+    copies_equal,
+    event_copy,
 )
-from .envelope import Cipher, place, split
+from .envelope import HEADER, SEALED_VERSION, Cipher, place, split, state_place
 from .kek import Kek, kek_from
 from .keyring import Keyring, app_prefix, app_scope, read_meta, user_scope
 from .keystore import KeyBackend, open_key_store
@@ -152,6 +154,11 @@ def _name(app: str, user: str, session: str) -> str:
     return f"{app!r}/{user!r}/{session!r}"[:300]
 
 
+def _event_name(fields: Any, app: str, user: str, session: str) -> str:
+    event_id = fields.get("id") if isinstance(fields, dict) else None
+    return f"event {str(event_id)[:100]!r} of session {_name(app, user, session)}"
+
+
 class _Then(Completion[U], Generic[T, U]):
     """A store's completion whose value is passed through a function (to open what it holds)."""
 
@@ -182,6 +189,10 @@ class EncryptedStore:
         self._inner = inner
         self._keyring = keyring
         self._aio: _AsyncEncrypted | None = None
+        # The current cipher of each user and app met, without hashing ids
+        # into key-store keys on every call; emptied on erasure and rotation.
+        self._users: dict[tuple[str, str], Cipher] = {}
+        self._apps: dict[str, Cipher] = {}
 
     def __repr__(self) -> str:
         return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
@@ -217,10 +228,30 @@ class EncryptedStore:
     # -- sealing ---------------------------------------------------------
 
     def _user(self, app: str, user: str, fresh: bool = False) -> Cipher:
-        return self._keyring.current(user_scope(app, user), fresh)
+        if not fresh:
+            known = self._users.get((app, user))
+            if known is not None:
+                return known
+        cipher = self._keyring.current(user_scope(app, user), fresh)
+        if len(self._users) >= 65536:
+            self._users.clear()
+        self._users[(app, user)] = cipher
+        return cipher
 
     def _app(self, app: str, fresh: bool = False) -> Cipher:
-        return self._keyring.current(app_scope(app), fresh)
+        if not fresh:
+            known = self._apps.get(app)
+            if known is not None:
+                return known
+        cipher = self._keyring.current(app_scope(app), fresh)
+        if len(self._apps) >= 4096:
+            self._apps.clear()
+        self._apps[app] = cipher
+        return cipher
+
+    def _forget(self) -> None:
+        self._users.clear()
+        self._apps.clear()
 
     def seal_event(
         self,
@@ -233,11 +264,13 @@ class EncryptedStore:
         record: bytes,
     ) -> bytes:
         """Return an event record as stored: its id and time, and the record sealed."""
-        sealed = cipher.seal(record, place("e", app, user, session, event_id, stamp))
+        sealed = cipher.seal_fixed(record, place("e", app, user, session, event_id, stamp))
         return pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})
 
     def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
-        return [(key, pack(cipher.seal(value, place(*where, key)))) for key, value in items]
+        prefix = place(*where)
+        seal = cipher.seal
+        return [(key, pack(seal(value, prefix + key.encode()))) for key, value in items]
 
     def _request(self, request: AppendRequest) -> AppendRequest:
         app, user, session = request.app_name, request.user_id, request.session_id
@@ -333,16 +366,34 @@ class EncryptedStore:
 
     # -- opening ---------------------------------------------------------
 
-    def open_event(self, app: str, user: str, session: str, data: bytes) -> bytes:
+    def open_event(
+        self, app: str, user: str, session: str, data: bytes, scope: bytes | None = None
+    ) -> bytes:
         """Return the record an event of a session was appended with."""
         fields = decode_event(data)
-        sealed = fields.get("sealed") if isinstance(fields, dict) else None
-        event_id = fields.get("id") if isinstance(fields, dict) else None
-        what = f"event {str(event_id)[:100]!r} of session {_name(app, user, session)}"
-        if not isinstance(sealed, bytes) or not isinstance(event_id, str):
-            raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
-        where = place("e", app, user, session, event_id, fields.get("timestamp"))
-        return self._open(sealed, user_scope(app, user), where, what)
+        try:
+            sealed = fields["sealed"]
+            where = place("e", app, user, session, fields["id"], fields["timestamp"])
+            if sealed[0] != SEALED_VERSION or len(sealed) < HEADER:
+                raise ValueError("not a sealed value of this version")
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise CorruptStoreError(
+                f"{_event_name(fields, app, user, session)} is not a sealed event, "
+                "in an encrypted store"
+            ) from None
+        if scope is None:
+            scope = user_scope(app, user)
+        key_id = int.from_bytes(sealed[1:5], "big")
+        cipher = self._keyring.cached(scope, key_id)
+        if cipher is None:
+            cipher = self._keyring.cipher(scope, key_id, _event_name(fields, app, user, session))
+        plain = cipher.open(sealed, where)
+        if plain is None:
+            raise CorruptStoreError(
+                f"{_event_name(fields, app, user, session)} fails its authentication: "
+                "it was altered, or copied from another place"
+            )
+        return plain
 
     def _open(self, sealed: bytes, scope: bytes, where: bytes, what: str) -> bytes:
         try:
@@ -357,12 +408,20 @@ class EncryptedStore:
         return plain
 
     def _open_map(self, values: dict[str, Any], scope: bytes, *where: str) -> dict[str, Any]:
+        prefix = place(*where)
+        cached = self._keyring.cached
         opened = {}
         for key, sealed in values.items():
-            what = f"state value {key[:100]!r} of {'/'.join(repr(w) for w in where[1:])[:300]}"
-            if not isinstance(sealed, bytes):
-                raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
-            opened[key] = decode_stored(self._open(sealed, scope, place(*where, key), what), what)
+            cipher = None
+            if type(sealed) is bytes and len(sealed) > HEADER and sealed[0] == SEALED_VERSION:
+                cipher = cached(scope, int.from_bytes(sealed[1:5], "big"))
+            plain = None if cipher is None else cipher.open(sealed, prefix + key.encode())
+            if plain is None:  # not cached, or not opening: the slow path says why
+                what = f"state value {key[:100]!r} of {'/'.join(repr(w) for w in where[1:])[:300]}"
+                if not isinstance(sealed, bytes):
+                    raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
+                plain = self._open(sealed, scope, state_place(prefix, key), what)
+            opened[key] = decode_stored(plain, "a state value")
         return opened
 
     def open_loaded(self, loaded: LoadedSession | None) -> LoadedSession | None:
@@ -377,7 +436,7 @@ class EncryptedStore:
             self._open_map(loaded.session_state, scope, "s", app, user, session),
             self._open_map(loaded.app_state, app_scope(app), "a", app),
             self._open_map(loaded.user_state, scope, "u", app, user),
-            [self.open_event(app, user, session, event) for event in loaded.events],
+            [self.open_event(app, user, session, event, scope) for event in loaded.events],
         )
 
     def _open_result(self, request: AppendRequest) -> Callable[[AppendResult], AppendResult]:
@@ -398,7 +457,10 @@ class EncryptedStore:
             return None
         record, events = page
         app, user, session = record.app_name, record.user_id, record.session_id
-        return record, [(pos, self.open_event(app, user, session, data)) for pos, data in events]
+        scope = user_scope(app, user)
+        return record, [
+            (pos, self.open_event(app, user, session, data, scope)) for pos, data in events
+        ]
 
     # -- the Store protocol ----------------------------------------------
 
@@ -535,11 +597,13 @@ class EncryptedStore:
         copy lies (a backup, a dump, pages LMDB has not reused), can be read.
         """
         self._keyring.erase(user_scope(app_name, user_id))
+        self._forget()
         return self._inner.delete_user(app_name, user_id)
 
     def delete_app(self, app_name: str) -> Completion[int]:
         """Destroy the data keys of an app and of its users, then delete the app."""
         self._keyring.erase(app_prefix(app_name), prefix=True)
+        self._forget()
         return self._inner.delete_app(app_name)
 
     def list_apps(self) -> list[str]:
@@ -551,8 +615,29 @@ class EncryptedStore:
         return self._inner.list_users(app_name)
 
     def restore_session(self, copy: SessionCopy) -> Completion[bool]:
-        """Write a whole session, sealed; see ``Store.restore_session``."""
+        """Write a whole session, sealed; see ``Store.restore_session``.
+
+        State values are sealed under random nonces, so an equal session
+        stored already is recognised by its plaintext, before the store
+        below compares ciphertext.
+        """
+        if self._stored_equal(
+            copy,
+            self.load_session(copy.app_name, copy.user_id, copy.session_id, None, None),
+        ):
+            return Completion.done(False)
         return self._inner.restore_session(self._copy(copy))
+
+    @staticmethod
+    def _stored_equal(copy: SessionCopy, loaded: LoadedSession | None) -> bool:
+        if loaded is None:
+            return False
+        stored = SessionCopy.of_record(
+            loaded.record,
+            [(key, pack(value)) for key, value in loaded.session_state.items()],
+            [event_copy(event) for event in loaded.events],
+        )
+        return copies_equal(stored, copy)
 
     def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
         """Set keys of the app map, sealed."""
@@ -572,7 +657,9 @@ class EncryptedStore:
         New writes are sealed under it; what was sealed before stays readable.
         """
         scope = app_scope(app_name) if user_id is None else user_scope(app_name, user_id)
-        return self._keyring.rotate(scope)
+        rotated = self._keyring.rotate(scope)
+        self._forget()
+        return rotated
 
 
 class _AsyncEncrypted:
@@ -640,10 +727,12 @@ class _AsyncEncrypted:
 
     async def delete_user(self, app_name: str, user_id: str) -> int:
         self._store.keyring.erase(user_scope(app_name, user_id))
+        self._store._forget()
         return int(await self._aio.delete_user(app_name, user_id))
 
     async def delete_app(self, app_name: str) -> int:
         self._store.keyring.erase(app_prefix(app_name), prefix=True)
+        self._store._forget()
         return int(await self._aio.delete_app(app_name))
 
     async def list_apps(self) -> list[str]:
@@ -654,7 +743,11 @@ class _AsyncEncrypted:
         return result
 
     async def restore_session(self, copy: SessionCopy) -> bool:
-        return bool(await self._aio.restore_session(self._store._copy(copy)))
+        store = self._store
+        loaded = await self.load_session(copy.app_name, copy.user_id, copy.session_id, None, None)
+        if store._stored_equal(copy, loaded):
+            return False
+        return bool(await self._aio.restore_session(store._copy(copy)))
 
     async def write_app_state(self, app_name: str, items: Items) -> None:
         store = self._store
