@@ -665,3 +665,70 @@ def test_temp_values_are_applied_live_and_never_stored(place: Place) -> None:
         assert got is not None and got.state == {"k": 1}
     finally:
         store.close()
+
+
+# -- the command line ----------------------------------------------------------------
+
+
+def test_the_command_line_needs_the_key_to_show_values_and_says_so(tmp_path: Path) -> None:
+    import json
+
+    from _stores import run_cli
+
+    place = Place("lmdb", tmp_path)
+    store = place.open()
+    fill(store)
+    store.close()
+    plain_uri = place.uri()
+    env = {"SESSIONSCOPE_TEST_KEK": KEK.hex()}
+    keyed = f"{plain_uri}?key_env=SESSIONSCOPE_TEST_KEK&keys={_quote(place.keys)}"
+    for command in (["show", plain_uri, "shop", "ada", "s1"], ["ls", plain_uri]):
+        done = run_cli(*command, extra_env=env)
+        assert done.returncode == 2, done.stderr
+        assert "is encrypted" in done.stderr and "key" in done.stderr
+        assert "Traceback" not in done.stderr
+    done = run_cli("show", keyed, "shop", "ada", "s1", "--json", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    assert SECRETS["session"].decode() + "ada" in done.stdout
+    done = run_cli("ls", keyed, "--json", extra_env=env)
+    apps = json.loads(done.stdout)["apps"]
+    assert done.returncode == 0 and [a["app"] for a in apps] == ["shop"], done.stdout
+    done = run_cli("verify", keyed, extra_env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_cli("backup", keyed, str(tmp_path / "copy"), extra_env=env)
+    assert done.returncode == 0, done.stderr
+    assert_no_plaintext((tmp_path / "copy" / "data.mdb").read_bytes(), "the backup")
+    # A wrong key: one line, exit non-zero, no key in it.
+    done = run_cli(
+        "show", keyed, "shop", "ada", "s1", extra_env={"SESSIONSCOPE_TEST_KEK": OTHER_KEK.hex()}
+    )
+    assert done.returncode != 0 and "is not the one" in done.stderr
+    assert OTHER_KEK.hex() not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rotate_key_on_the_command_line(tmp_path: Path) -> None:
+    import json
+
+    from _stores import run_cli
+
+    place = Place("lmdb", tmp_path)
+    store = place.open()
+    fill(store)
+    store.close()
+    (tmp_path / "old").write_text(KEK.hex())
+    env = {"NEW_KEK": OTHER_KEK.hex()}
+    args = ["rotate-key", place.keys, "--old-key-file", str(tmp_path / "old")]
+    done = run_cli(*args, "--new-key-env", "NEW_KEK", "--json", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rewrapped"] == 3 and report["new_key_id"] == Kek(OTHER_KEK).key_id
+    again = run_cli(*args, "--new-key-env", "NEW_KEK", extra_env=env)
+    assert again.returncode == 0 and again.stdout.startswith("0 data-key records"), again.stderr
+    store = place.open(key=OTHER_KEK)
+    try:
+        assert readable(store, "ada")
+    finally:
+        store.close()
+    missing = run_cli(*args, "--new-key-env", "UNSET_NEW_KEK")
+    assert missing.returncode != 0 and "UNSET_NEW_KEK" in missing.stderr
+    assert "Traceback" not in missing.stderr
