@@ -57,6 +57,16 @@ def place(*parts: Any) -> bytes:
     return result
 
 
+def _bin(data: bytes) -> bytes:
+    """Return ``data`` as a msgpack bin (what a sealed state value is stored as)."""
+    size = len(data)
+    if size < 0x100:
+        return b"\xc4" + bytes((size,)) + data
+    if size < 0x10000:
+        return b"\xc5" + size.to_bytes(2, "big") + data
+    return b"\xc6" + size.to_bytes(4, "big") + data
+
+
 def state_place(prefix: bytes, key: str) -> bytes:
     """Return the place of a state value: its map's place (a packed array) and its key."""
     return prefix + key.encode()
@@ -106,18 +116,36 @@ class Cipher:
         return f"Cipher(key_id={self.key_id:#010x})"
 
     def seal(self, plaintext: bytes, where: bytes) -> bytes:
-        """Return ``plaintext`` sealed at the place ``where``, under a random nonce."""
-        number = next(self._count)  # atomic under the GIL and in free-threaded builds
-        if number >= 0xFFFFFFFF:
-            with self._lock:
-                if next(self._count) >= 0xFFFFFFFF:
-                    self._salt, self._count = os.urandom(8), itertools.count(1)
-            number = 0
-            nonce = os.urandom(12)
-        else:
-            nonce = self._salt + number.to_bytes(4, "big")
+        """Return ``plaintext`` sealed at the place ``where``, under a counter nonce."""
+        nonce = self._nonce()
         sealed: bytes = self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
         return sealed
+
+    def seal_items(self, items: list[tuple[str, bytes]], prefix: bytes) -> list[tuple[str, bytes]]:
+        """Return state items with each value sealed at ``prefix`` and its key, as msgpack bin.
+
+        One loop for the values of a map (what an append hands a store), so
+        a value costs its AES-GCM call and little else.
+        """
+        encrypt = self._aead.encrypt
+        head = self._head
+        bin_of = _bin
+        sealed = []
+        for key, value in items:
+            nonce = self._nonce()
+            sealed.append(
+                (key, bin_of(head + nonce + encrypt(nonce, value, prefix + key.encode())))
+            )
+        return sealed
+
+    def _nonce(self) -> bytes:
+        number = next(self._count)  # atomic: itertools.count holds the GIL's promise
+        if number < 0xFFFFFFFF:
+            return self._salt + number.to_bytes(4, "big")
+        with self._lock:
+            if next(self._count) >= 0xFFFFFFFF:
+                self._salt, self._count = os.urandom(8), itertools.count(1)
+        return os.urandom(12)
 
     def seal_fixed(self, plaintext: bytes, where: bytes) -> bytes:
         """Return ``plaintext`` sealed at ``where``, the same bytes each time (synthetic nonce)."""

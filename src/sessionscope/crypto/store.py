@@ -268,9 +268,7 @@ class EncryptedStore:
         return pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})
 
     def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
-        prefix = place(*where)
-        seal = cipher.seal
-        return [(key, pack(seal(value, prefix + key.encode()))) for key, value in items]
+        return cipher.seal_items(items, place(*where))
 
     def _request(self, request: AppendRequest) -> AppendRequest:
         app, user, session = request.app_name, request.user_id, request.session_id
@@ -301,41 +299,40 @@ class EncryptedStore:
         )
 
     def _batch(self, batch: AppendBatch) -> AppendBatch:
-        ciphers = [self._user(app, user) for app, user, _ in batch.keys]
         keys, owners = batch.keys, batch.owners
+        # Per session of the batch: its user's cipher, its app's, and the
+        # places of its three maps, made once.
+        users = [self._user(app, user) for app, user, _ in keys]
+        apps = [self._app(app) for app, _, _ in keys]
+        places = [
+            (place("a", app), place("u", app, user), place("s", app, user, session))
+            for app, user, session in keys
+        ]
+        seal = self.seal_event
+        event_ids, timestamps = batch.event_ids, batch.timestamps
         events = []
         app_items: list[Items] = []
         user_items: list[Items] = []
         session_items: list[Items] = []
-        seal = self.seal_event
         for index, record in enumerate(batch.events):
             owner = owners[index]
             app, user, session = keys[owner]
-            cipher = ciphers[owner]
+            cipher = users[owner]
+            at_app, at_user, at_session = places[owner]
             events.append(
-                seal(
-                    cipher,
-                    app,
-                    user,
-                    session,
-                    batch.event_ids[index],
-                    batch.timestamps[index],
-                    record,
-                )
+                seal(cipher, app, user, session, event_ids[index], timestamps[index], record)
             )
             items = batch.app_items[index]
-            app_items.append(self._seal_items(self._app(app), items, "a", app) if items else items)
+            app_items.append(apps[owner].seal_items(items, at_app) if items else items)
             items = batch.user_items[index]
-            user_items.append(self._seal_items(cipher, items, "u", app, user) if items else items)
+            user_items.append(cipher.seal_items(items, at_user) if items else items)
             items = batch.session_items[index]
-            session_items.append(
-                self._seal_items(cipher, items, "s", app, user, session) if items else items
-            )
+            session_items.append(cipher.seal_items(items, at_session) if items else items)
         return AppendBatch(
             keys,
             owners,
-            batch.event_ids,
-            batch.timestamps,
+            event_ids,
+            timestamps,
             events,
             app_items,
             user_items,
