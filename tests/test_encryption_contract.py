@@ -1,16 +1,19 @@
 """The session contract, retention and dumps again, on every kind of store opened encrypted.
 
-The tests of test_contract.py, test_retention.py, test_service_sync_async.py
-and test_dump.py that take a store from ``store_factory`` run here once more,
-with this module's ``store_factory``: memory, LMDB and Redis, each wrapped in
-an ``EncryptedStore`` (sessionscope.crypto) with its key store.
+The tests of test_contract.py, test_retention.py, test_service_sync_async.py,
+test_dump.py and test_migrate.py (where google-adk runs) that take a store
+from ``store_factory`` run here once more, with this module's
+``store_factory``: memory, LMDB and Redis, each wrapped in an
+``EncryptedStore`` (sessionscope.crypto) with its key store.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +45,15 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
 svc = _stores.svc
 asvc = _stores.asvc
 
-for _module in (test_contract, test_retention, test_service_sync_async, test_dump):
+_MODULES: list[Any] = [test_contract, test_retention, test_service_sync_async, test_dump]
+# Migration from google-adk into encrypted stores, where google-adk runs.
+if importlib.util.find_spec("google.adk") is not None:
+    import test_migrate
+
+    _MODULES.append(test_migrate)
+    adk_sources = test_migrate.adk_sources
+
+for _module in _MODULES:
     for _name, _test in vars(_module).items():
         if (
             _name.startswith("test_")
