@@ -383,6 +383,12 @@ def test_a_byte_flipped_in_the_lmdb_file_is_a_corrupt_store_error(tmp_path: Path
     try:
         with pytest.raises(CorruptStoreError, match="altered"):
             SyncSessionService(again).get_session(app_name="shop", user_id="ada", session_id="s1")
+        # verify checks the file below and authenticates every record through the key.
+        from sessionscope.admin.ops import check_store
+
+        report = check_store(again)
+        assert not report.clean and report.structural == "ok"
+        assert any("fails its authentication" in problem for problem in report.problems)
     finally:
         again.close()
 
