@@ -29,6 +29,7 @@ from .keystore import KeyBackend
 __all__ = ["META", "Keyring", "app_scope", "rotate_kek", "user_scope"]
 
 META = b"meta"
+_CACHED_SCOPES = 65536
 SCOPES = b"k"
 
 
@@ -210,6 +211,10 @@ class Keyring:
             )
         loaded = (ciphers[current], ciphers)
         with self._lock:
+            # Bounded: a long-lived process meets many users; a scope dropped
+            # is unwrapped again on its next use.
+            if len(self._cache) >= _CACHED_SCOPES:
+                self._cache.clear()
             self._cache[scope] = loaded
         return loaded
 

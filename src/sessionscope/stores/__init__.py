@@ -41,9 +41,7 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
     if crypto and not ({"key_file", "key_env"} & set(crypto)):
         raise ValueError("keys= needs the key-encryption key: key_file= or key_env=")
     if crypto:
-        from ..crypto import Encryption
-
-        encryption = Encryption(**crypto)
+        encryption = _crypto().Encryption(**crypto)
     store = _open_plain(spec, create, merged)
     try:
         if encryption is None:
@@ -54,17 +52,28 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
                     "and keys= (see docs/encryption.md)",
                 )
             return store
-        from ..crypto import open_encrypted
-
+        open_encrypted = _crypto().open_encrypted
         default_keys = None
         if spec.kind == "memory":
             default_keys = "memory://"
         elif spec.kind == "lmdb":
             default_keys = f"lmdb://{Path(spec.path).absolute()}.keys"
-        return open_encrypted(store, encryption, default_keys, create)
+        encrypted: Store = open_encrypted(store, encryption, default_keys, create)
+        return encrypted
     except BaseException:
         store.close()
         raise
+
+
+def _crypto() -> Any:
+    """Return sessionscope.crypto; without cryptography installed, say how to get it."""
+    try:
+        from .. import crypto
+    except ImportError as error:
+        raise ValueError(
+            f"encryption needs cryptography: pip install 'sessionscope[encryption]' ({error})"
+        ) from None
+    return crypto
 
 
 def _open_plain(spec: StoreSpec, create: bool, options: dict[str, Any]) -> Store:
