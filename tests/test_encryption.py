@@ -738,3 +738,37 @@ def test_rotate_key_on_the_command_line(tmp_path: Path) -> None:
     missing = run_cli(*args, "--new-key-env", "UNSET_NEW_KEK")
     assert missing.returncode != 0 and "UNSET_NEW_KEK" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_a_locked_append_awaited_again_after_a_cancellation_opens_its_answer_once(
+    place: Place,
+) -> None:
+    """The live session is brought up to date from the store's answer, opened once."""
+
+    async def main() -> None:
+        svc = SessionService(
+            place.open(durability="deferred") if place.kind == "lmdb" else place.open()
+        )
+        try:
+            session = await svc.create_session(app_name="shop", user_id="ada")
+            other = await svc.get_session(app_name="shop", user_id="ada", session_id=session.id)
+            assert other is not None
+            await svc.append_event(other, ev(content={"i": 0}, delta={"k": 1}))
+            # The store's answer carries the event the live copy missed (sealed).
+            result = svc.store.aio.append(
+                svc._core.prepare_append(session, ev(content={"i": 1}), True)
+            )
+            first = await result
+            again = await result
+            assert first is again
+            from sessionscope import codec
+
+            # Opened once: the records are the plaintext ones, not sealed twice or opened twice.
+            missed = [codec.decode_event(record) for record in first.missed_events]
+            assert missed[0]["content"]["i"] == 0
+            assert "sealed" not in missed[0]
+            assert first.stored_state.session_state == {"k": 1}
+        finally:
+            await svc.close()
+
+    asyncio.run(main())

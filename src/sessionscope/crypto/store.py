@@ -160,22 +160,32 @@ def _event_name(fields: Any, app: str, user: str, session: str) -> str:
 
 
 class _Then(Completion[U], Generic[T, U]):
-    """A store's completion whose value is passed through a function (to open what it holds)."""
+    """A store's completion whose value is passed through a function (to open what it holds).
 
-    __slots__ = ("_inner", "_then")
+    The function runs once: awaiting again after a cancellation (or calling
+    ``result`` again) returns what it gave the first time.
+    """
+
+    __slots__ = ("_inner", "_opened", "_then")
 
     def __init__(self, inner: Awaitable[T], then: Callable[[T], U]) -> None:
         super().__init__()
         self._inner = inner
         self._then = then
+        self._opened: tuple[U] | None = None
+
+    def _open_once(self, value: T) -> U:
+        if self._opened is None:
+            self._opened = (self._then(value),)
+        return self._opened[0]
 
     def result(self) -> U:
         inner: Any = self._inner
-        return self._then(inner.result())
+        return self._open_once(inner.result())
 
     def __await__(self) -> Generator[Any, None, U]:
         value = yield from self._inner.__await__()
-        return self._then(value)
+        return self._open_once(value)
 
 
 class EncryptedStore:
