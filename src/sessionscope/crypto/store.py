@@ -24,6 +24,7 @@ when no key is given, and ``open_encrypted`` one holding data without it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -76,7 +77,7 @@ class Encryption:
     """
 
     keys: str | None = None
-    key_file: str | None = None
+    key_file: str | os.PathLike[str] | None = None
     key_env: str | None = None
     key: bytes | Callable[[], bytes | str] | None = field(default=None, repr=False)
 
