@@ -40,7 +40,12 @@ STORE_KINDS = ("memory", "lmdb-sync", "lmdb-deferred", "redis", "redis-cluster")
 LMDB_KINDS = ("lmdb-sync", "lmdb-deferred")
 REDIS_KINDS = ("redis", "redis-cluster")
 # Each kind of store opened encrypted (sessionscope.crypto): "<kind>+encrypted".
-ENCRYPTED_KINDS = ("memory+encrypted", "lmdb-sync+encrypted", "redis+encrypted")
+ENCRYPTED_KINDS = (
+    "memory+encrypted",
+    "lmdb-sync+encrypted",
+    "redis+encrypted",
+    "redis-cluster+encrypted",
+)
 # The key-encryption key the encrypted kinds are opened with (tests only).
 TEST_KEK = bytes(range(32))
 
