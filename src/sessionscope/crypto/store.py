@@ -204,6 +204,7 @@ class EncryptedStore:
         # into key-store keys on every call; emptied on erasure and rotation.
         self._users: dict[tuple[str, str], Cipher] = {}
         self._apps: dict[str, Cipher] = {}
+        self._session_places: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
 
     def __repr__(self) -> str:
         return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
@@ -281,9 +282,26 @@ class EncryptedStore:
     def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
         return cipher.seal_items(items, place(*where))
 
+    def _places(self, app: str, user: str, session: str) -> tuple[bytes, bytes, bytes]:
+        """Return the places of a session's app, user and session maps, made once a session."""
+        key = (app, user, session)
+        known = self._session_places.get(key)
+        if known is None:
+            known = (place("a", app), place("u", app, user), place("s", app, user, session))
+            if len(self._session_places) >= 65536:
+                self._session_places.clear()
+            self._session_places[key] = known
+        return known
+
     def _request(self, request: AppendRequest) -> AppendRequest:
         app, user, session = request.app_name, request.user_id, request.session_id
         cipher = self._user(app, user)
+        at_app, at_user, at_session = self._places(app, user, session)
+        app_items, user_items, session_items = (
+            request.app_items,
+            request.user_items,
+            request.session_items,
+        )
         return AppendRequest(
             app,
             user,
@@ -293,15 +311,9 @@ class EncryptedStore:
             self.seal_event(
                 cipher, app, user, session, request.event_id, request.timestamp, request.event
             ),
-            self._seal_items(self._app(app), request.app_items, "a", app)
-            if request.app_items
-            else request.app_items,
-            self._seal_items(cipher, request.user_items, "u", app, user)
-            if request.user_items
-            else request.user_items,
-            self._seal_items(cipher, request.session_items, "s", app, user, session)
-            if request.session_items
-            else request.session_items,
+            self._app(app).seal_items(app_items, at_app) if app_items else app_items,
+            cipher.seal_items(user_items, at_user) if user_items else user_items,
+            cipher.seal_items(session_items, at_session) if session_items else session_items,
             request.marker,
             request.caller_update_time,
             request.caller_last_event_id,
@@ -315,10 +327,7 @@ class EncryptedStore:
         # places of its three maps, made once.
         users = [self._user(app, user) for app, user, _ in keys]
         apps = [self._app(app) for app, _, _ in keys]
-        places = [
-            (place("a", app), place("u", app, user), place("s", app, user, session))
-            for app, user, session in keys
-        ]
+        places = [self._places(app, user, session) for app, user, session in keys]
         seal = self.seal_event
         event_ids, timestamps = batch.event_ids, batch.timestamps
         events = []
