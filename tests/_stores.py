@@ -39,6 +39,15 @@ T = TypeVar("T")
 STORE_KINDS = ("memory", "lmdb-sync", "lmdb-deferred", "redis", "redis-cluster")
 LMDB_KINDS = ("lmdb-sync", "lmdb-deferred")
 REDIS_KINDS = ("redis", "redis-cluster")
+# Each kind of store opened encrypted (sessionscope.crypto): "<kind>+encrypted".
+ENCRYPTED_KINDS = (
+    "memory+encrypted",
+    "lmdb-sync+encrypted",
+    "redis+encrypted",
+    "redis-cluster+encrypted",
+)
+# The key-encryption key the encrypted kinds are opened with (tests only).
+TEST_KEK = bytes(range(32))
 
 APP = "app"
 USER = "user"
@@ -61,7 +70,10 @@ class StoreFactory:
     """Open stores of one kind at one path, and close them all at teardown."""
 
     def __init__(self, kind: str, base: Path, server_url: str | None = None) -> None:
-        self.kind = kind
+        # An encrypted kind opens its plain kind, then wraps it (see ``_encrypted``).
+        self.kind, plus, _ = kind.partition("+")
+        self.encrypted = bool(plus)
+        self.keys = f"lmdb://{base / 'keys'}"
         self.path = base / "store"
         self._opened: list[Any] = []
         # Redis kinds: the server (or cluster) URI, and a prefix of this
@@ -92,23 +104,41 @@ class StoreFactory:
         if self.kind == "memory":
             store: Any = MemoryStore()
         elif self.kind in REDIS_KINDS:
-            store = open_store(self.uri, **kwargs)
+            store = open_store(self.uri, **self._redis_encryption(), **kwargs)
         else:
             kwargs.setdefault("durability", self.durability)
             store = LmdbStore(self.path, **kwargs)
+        store = self._encrypted(store)
         self._opened.append(store)
         return store
+
+    def _redis_encryption(self) -> dict[str, Any]:
+        """Return the options that open a Redis store encrypted (none for a plain kind)."""
+        if not self.encrypted:
+            return {}
+        from sessionscope.crypto import Encryption
+
+        return {"encryption": Encryption(keys=self.keys, key=TEST_KEK)}
+
+    def _encrypted(self, store: Any) -> Any:
+        """Return the store wrapped in encryption for an encrypted kind, else as it is."""
+        if not self.encrypted or self.kind in REDIS_KINDS:
+            return store
+        from sessionscope.crypto import Encryption, open_encrypted
+
+        keys = f"memory://{self.prefix}" if self.kind == "memory" else self.keys
+        return open_encrypted(store, Encryption(keys=keys, key=TEST_KEK), None)
 
     def fresh(self, name: str, **kwargs: Any) -> Any:
         """Open a new, empty store of the same kind (LMDB: at a sibling path)."""
         if self.kind == "memory":
             return self(**kwargs)
         if self.kind in REDIS_KINDS:
-            store = open_store(f"{self.uri}-{name}", **kwargs)
+            store = open_store(f"{self.uri}-{name}", **self._redis_encryption(), **kwargs)
             self._opened.append(store)
             return store
         kwargs.setdefault("durability", self.durability)
-        store = LmdbStore(self.path.with_name(name), **kwargs)
+        store = self._encrypted(LmdbStore(self.path.with_name(name), **kwargs))
         self._opened.append(store)
         return store
 
@@ -130,6 +160,7 @@ def reopen_lmdb(path: Path, **kwargs: Any) -> Any:
 
 def redis_url(request: pytest.FixtureRequest, kind: str) -> str | None:
     """Return the URI of the session's server for a Redis kind (starting it), else None."""
+    kind = kind.partition("+")[0]
     if kind == "redis":
         return str(request.getfixturevalue("redis_server").url)
     if kind == "redis-cluster":

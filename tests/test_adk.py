@@ -36,7 +36,7 @@ from sessionscope.stores import LmdbStore
 pytestmark = pytest.mark.adk
 
 
-@pytest.fixture(params=["memory", "lmdb", "redis", "redis-cluster"])
+@pytest.fixture(params=["memory", "lmdb", "redis", "redis-cluster", "lmdb+encrypted"])
 def make_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
     """Yield a factory of services over one store.
 
@@ -59,6 +59,11 @@ def make_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
             made[-1].store.close()
         if redis_uri is not None:
             made.append(RedisSessionService(redis_uri))
+        elif request.param == "lmdb+encrypted":
+            # The key from the environment, the key store beside: as an operator sets it.
+            request.getfixturevalue("monkeypatch").setenv("SESSIONSCOPE_TEST_ADK_KEK", "ab" * 32)
+            query = f"key_env=SESSIONSCOPE_TEST_ADK_KEK&keys=lmdb://{tmp_path / 'keys'}"
+            made.append(LmdbSessionService(f"lmdb://{tmp_path / 'store'}?{query}"))
         else:
             made.append(LmdbSessionService(tmp_path / "store"))
         return made[-1]

@@ -38,8 +38,10 @@ from sessionscope.adk import LmdbSessionService, MemorySessionService, RedisSess
 pytestmark = pytest.mark.adk
 
 ADK_ERRORS = (AlreadyExistsError, SessionNotFoundError, StaleSessionError)
-# Our services, each checked against ADK's.
-OURS = ("memory", "lmdb", "redis", "redis-cluster")
+# Our services, each checked against ADK's; "+encrypted": over a store opened
+# encrypted (sessionscope.crypto), its data keys in an LMDB key store.
+OURS = ("memory", "lmdb", "redis", "redis-cluster", "lmdb+encrypted", "redis+encrypted")
+_KEK = bytes(range(32))
 # The session's Redis servers, by kind (set by the autouse fixture below).
 REDIS_URLS: dict[str, str] = {}
 
@@ -58,6 +60,21 @@ async def open_service(kind: str) -> Any:
     """Yield a fresh service of one kind."""
     if kind == "adk":
         yield InMemorySessionService()
+    elif kind.endswith("+encrypted"):
+        from sessionscope.crypto import Encryption
+        from sessionscope.stores import open_store
+
+        with tempfile.TemporaryDirectory() as tmp:
+            encryption = Encryption(keys=f"lmdb://{tmp}/keys", key=_KEK)
+            if kind.startswith("redis"):
+                uri = f"{REDIS_URLS['redis']}?prefix=d{uuid.uuid4().hex}"
+                store = open_store(uri, encryption=encryption)
+                async with RedisSessionService(store=store) as service:
+                    yield service
+            else:
+                store = open_store(f"lmdb://{tmp}/store", encryption=encryption)
+                async with LmdbSessionService(store=store) as service:  # type: ignore[arg-type]
+                    yield service
     elif kind == "memory":
         yield MemorySessionService()
     elif kind in REDIS_URLS:

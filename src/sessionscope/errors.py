@@ -12,7 +12,9 @@ __all__ = [
     "CorruptStoreError",
     "DumpError",
     "DuplicateEventError",
+    "EncryptionKeyError",
     "IncompatibleStoreError",
+    "KeyErasedError",
     "ReadonlyStateError",
     "SessionNotFoundError",
     "SessionscopeError",
@@ -97,3 +99,20 @@ class StoreNotFoundError(StoreError, ValueError):
 
 class DumpError(SessionscopeError, ValueError):
     """A dump is truncated, altered, of a newer format, or conflicts with the store."""
+
+
+class EncryptionKeyError(StoreError):
+    """The key-encryption key of an encrypted store is missing, or not the store's.
+
+    Raised when the store is opened, before anything is written; the message
+    names where the key was looked for and its key id, never the key.
+    """
+
+
+class KeyErasedError(CorruptStoreError):
+    """A record of an encrypted store is sealed under a data key its user or app does not have.
+
+    ``delete_user`` and ``delete_app`` destroy their data keys: a backup, a
+    dump or a stale copy of what they held can no longer be read by anyone.
+    (A record copied from another user's place looks the same.)
+    """

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from hashlib import blake2b
 from pathlib import Path
@@ -136,11 +137,19 @@ def export_dump(
     # Never into the directory of the store being read (its data.mdb, lock.mdb).
     home = getattr(store, "path", None)
     protect = [home] if isinstance(home, Path) else []
+    # An encrypted store's dump holds its ciphertext, its marker first.
+    store, marker = _ciphertext_of(store)
     with output_file(out, protect) as raw:
         writer = _Writer(raw, compress=Path(out).name.endswith(".gz"), progress=progress)
         writer.write([MAGIC, DUMP_FORMAT, {"app_name": app_name, "user_id": user_id}])
+        if marker:
+            writer.app(_MARKER_APP, marker)
         # An app the store does not know gives an empty dump, not an empty app.
-        apps = [app for app in store.list_apps() if app_name is None or app == app_name]
+        apps = [
+            app
+            for app in store.list_apps()
+            if (app_name is None or app == app_name) and app != _MARKER_APP
+        ]
         for app in apps:
             users = store.list_users(app)
             if user_id is not None:
@@ -208,7 +217,8 @@ class _Writer:
 
     def app(self, app_name: str, state: dict[str, Any]) -> None:
         self.write(["app", app_name, {key: pack(value) for key, value in state.items()}])
-        self._apps.add(app_name)
+        if app_name != _MARKER_APP:  # the encryption marker is not an app
+            self._apps.add(app_name)
         self._tick(1)
 
     def user(self, app_name: str, user_id: str, state: dict[str, Any]) -> None:
@@ -279,6 +289,7 @@ def import_dump(
     ``progress(n)`` is called with the number of records just imported.
     """
     path = Path(source)
+    store = _import_target(store, path)
     counts = _check(store, path)
     skipped_sessions = skipped_events = 0
     for item in _items(path):
@@ -344,13 +355,72 @@ def holds_only_dump(store: Store, source: str | os.PathLike[str]) -> bool:
     return matched == stored_sessions and not leftover
 
 
+# The app whose app state marks an encrypted store (sessionscope.crypto.store).
+_MARKER_APP = "\x00sessionscope:encryption"
+
+
+def _encrypted_store(store: Store) -> Any:
+    """Return the store as an EncryptedStore, None when it is not one."""
+    crypto = sys.modules.get("sessionscope.crypto.store")
+    if crypto is not None and isinstance(store, crypto.EncryptedStore):
+        return store
+    return None
+
+
+def _ciphertext_of(store: Store) -> tuple[Store, dict[str, Any]]:
+    """Return the store holding what a dump copies, and its encryption marker ({}: none)."""
+    encrypted = _encrypted_store(store)
+    below: Store = store if encrypted is None else encrypted.raw
+    return below, below.read_app_state(_MARKER_APP)
+
+
+def _dump_marker(path: Path) -> dict[str, Any]:
+    """Return the encryption marker a dump starts with ({} for a dump of plaintext)."""
+    items = _items(path)
+    try:
+        for item in items:
+            if item[0] == "app" and item[1] == _MARKER_APP:
+                return {key: unpack(value) for key, value in item[2]}
+            return {}
+    finally:
+        items.close()
+    return {}
+
+
+def _import_target(store: Store, path: Path) -> Store:
+    """Return the store a dump is written to: ciphertext goes below an encrypted store.
+
+    A dump of an encrypted store imports into a store encrypted with the
+    same key store (or into an empty one); a dump of plaintext is sealed on
+    its way into an encrypted store, and refused by a plain store that is
+    encrypted below.
+    """
+    marker = _dump_marker(path)
+    encrypted = _encrypted_store(store)
+    below: Store = store if encrypted is None else encrypted.raw
+    stored = below.read_app_state(_MARKER_APP)
+    if not marker:
+        if stored and encrypted is None:
+            raise DumpError(f"{path}: a dump of plaintext cannot go below an encrypted store")
+        return store
+    if stored.get("keystore", marker.get("keystore")) != marker.get("keystore") or (
+        not stored and below.list_apps()
+    ):
+        raise DumpError(
+            f"{path} is a dump of an encrypted store whose data keys are in another key "
+            "store than this store's; nothing was imported"
+        )
+    return below
+
+
 def _check(store: Store | None, path: Path) -> DumpCounts:
     """Read the whole dump once; refuse it, with what is wrong, before anything is written."""
     apps: set[str] = set()
     users = sessions = events = 0
     for item in _items(path):
         if item[0] == "app":
-            apps.add(item[1])
+            if item[1] != _MARKER_APP:
+                apps.add(item[1])
         elif item[0] == "user":
             apps.add(item[1])
             users += 1
@@ -369,7 +439,7 @@ def _check(store: Store | None, path: Path) -> DumpCounts:
     return DumpCounts(len(apps), users, sessions, events)
 
 
-def _items(path: Path) -> Iterator[tuple[Any, ...]]:
+def _items(path: Path) -> Generator[tuple[Any, ...], None, None]:
     """Yield ("app", app, items), ("user", app, user, items) and ("session", copy).
 
     Everything is checked while it streams: the header first, the trailer's
@@ -401,7 +471,8 @@ def _items(path: Path) -> Iterator[tuple[Any, ...]]:
                 return
             if kind == "app" and _shape(record, str, str, dict):
                 app = _id(reader, record[1], "app_name")
-                app_names.add(app)
+                if app != _MARKER_APP:
+                    app_names.add(app)
                 yield ("app", app, _items_of(reader, record[2], None, f"app {app!r}"))
             elif kind == "user" and _shape(record, str, str, str, dict):
                 app = _id(reader, record[1], "app_name")

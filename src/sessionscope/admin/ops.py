@@ -320,9 +320,16 @@ def store_stats(store: Store, progress: ProgressFn | None = None) -> dict[str, A
         **{scope: sum(a[scope] for a in apps.values()) for scope in scopes},
     }
     result: dict[str, Any] = {"totals": totals, "apps": apps}
-    if isinstance(store, LmdbStore):
-        result["file"] = store.space()
+    lmdb = lmdb_below(store)
+    if lmdb is not None:
+        result["file"] = lmdb.space()
     return result
+
+
+def lmdb_below(store: Store) -> LmdbStore | None:
+    """Return the LMDB store a store is, or holds its data in (an encrypted one's), else None."""
+    below = store if isinstance(store, LmdbStore) else getattr(store, "raw", None)
+    return below if isinstance(below, LmdbStore) else None
 
 
 # -- verify ------------------------------------------------------------------------
@@ -383,9 +390,12 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
     events, instead. Sessions are listed and events read a page at a time.
     """
     report = CheckReport()
-    if isinstance(store, LmdbStore):
+    # An encrypted store's file is checked below it; its sessions through it,
+    # so that every record is also authenticated.
+    lmdb = lmdb_below(store)
+    if lmdb is not None:
         try:
-            store.verify()
+            lmdb.verify()
             report.structural = "ok"
         except CorruptStoreError as error:
             report.structural = "failed"
@@ -403,8 +413,8 @@ def check_store(store: Store, progress: ProgressFn | None = None) -> CheckReport
             done += 1
             if each is not None:
                 each(done, max(total, done))
-    if isinstance(store, LmdbStore):
-        for problem in store.check_layout(progress):
+    if lmdb is not None:
+        for problem in lmdb.check_layout(None if each is not None else progress):
             report.add(problem)
     return report
 

@@ -306,6 +306,27 @@ def _store_commands(commands: Any) -> None:
     )
     migrate.add_argument("--app", help="only this app")
 
+    rotate = add(
+        "rotate-key",
+        "re-wrap an encrypted store's data keys under a new key-encryption key",
+        "Re-wrap every data key in the key store KEYS (the keys= of an encrypted "
+        "store: lmdb:///path or redis://host:port/db?prefix=name) from the old "
+        "key-encryption key to the new one; the data is not rewritten. Crash-safe "
+        "and resumable: run it again after an interruption, and once more after every "
+        "process holds the new key.",
+    )
+    rotate.add_argument("keys", metavar="KEYS", help="the key store's URI")
+    for which in ("old", "new"):
+        group = rotate.add_mutually_exclusive_group(required=True)
+        group.add_argument(
+            f"--{which}-key-file", metavar="PATH", help=f"a file holding the {which} key"
+        )
+        group.add_argument(
+            f"--{which}-key-env",
+            metavar="NAME",
+            help=f"an environment variable holding the {which} key",
+        )
+
 
 def _natural(text: str) -> int:
     try:

@@ -43,9 +43,10 @@ from ..errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     SessionscopeError,
+    StoreNotFoundError,
     UnsafeStoreError,
 )
-from ..stores import LmdbStore, Store, open_store
+from ..stores import LmdbStore, Store, open_store, redact
 from ..stores.lmdb.store import FORMAT_VERSION
 from ..stores.records import LoadedSession
 from . import UsageError
@@ -516,8 +517,9 @@ def backup_command(args: argparse.Namespace) -> int:
     _lmdb_only(args.uri, "backup")
     dest = Path(args.dest)
     with opened(args.uri) as store, _progress(args, None, "backup") as bar:
-        assert isinstance(store, LmdbStore)
-        result = backup(store, dest)
+        # An encrypted store is backed up as the ciphertext its LMDB file holds.
+        assert isinstance(getattr(store, "raw", store), LmdbStore)
+        result = backup(store, dest)  # type: ignore[arg-type]
         bar.update(1, 1)
 
     def text() -> str:
@@ -794,6 +796,39 @@ def migrate_command(args: argparse.Namespace) -> int:
     return 1 if differences else 0
 
 
+def rotate_key_command(args: argparse.Namespace) -> int:
+    """Re-wrap every data key of a key store under a new key-encryption key."""
+    try:
+        from ..crypto import kek_from, rotate_key
+    except ImportError as error:
+        raise UsageError(
+            f"rotate-key needs cryptography: pip install 'sessionscope[encryption]' ({error})"
+        ) from None
+    try:
+        old = kek_from(key_file=args.old_key_file, key_env=args.old_key_env)
+        new = kek_from(key_file=args.new_key_file, key_env=args.new_key_env)
+        rewrapped = rotate_key(args.keys, old, new)
+    except StoreNotFoundError as error:
+        raise UsageError(str(error)) from None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    document = {
+        "keys": redact(args.keys),
+        "rewrapped": rewrapped,
+        "old_key_id": old.key_id,
+        "new_key_id": new.key_id,
+    }
+
+    def text() -> str:
+        return (
+            f"{rewrapped:,} data-key records re-wrapped from key id {old.key_id} "
+            f"to key id {new.key_id}"
+        )
+
+    _emit(args, document, text)
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "ls": ls,
     "show": show,
@@ -806,4 +841,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": export_command,
     "import": import_command,
     "migrate": migrate_command,
+    "rotate-key": rotate_key_command,
 }

@@ -5,17 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreNotFoundError
+from ..errors import IncompatibleStoreError, StoreNotFoundError
 from .completion import Completion
 from .lmdb.store import LmdbStore
 from .memory import MemoryStore
 from .protocol import Store
-from .uri import SCHEMES, StoreSpec, parse_store_uri, redact
+from .uri import ENCRYPTION_OPTIONS, SCHEMES, StoreSpec, parse_store_uri, redact
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store", "redact"]
 
+# The app whose app state marks a store's data as encrypted (see crypto/store.py).
+_MARKER_APP = "\x00sessionscope:encryption"
 
-def open_store(uri: str, *, create: bool = True, **options: Any) -> Store:
+
+def open_store(uri: str, *, create: bool = True, encryption: Any = None, **options: Any) -> Store:
     """Open the store a URI names: ``memory://``, ``lmdb:///path?durability=deferred``,
     ``redis://host:port/db?ttl=3600&prefix=name``, ``rediss://...`` (TLS) or
     ``redis+cluster://user:password@host:port,host:port?...`` (Redis Cluster).
@@ -24,20 +27,69 @@ def open_store(uri: str, *, create: bool = True, **options: Any) -> Store:
     (seconds): sessions idle for longer are expired in the background.
     ``create=False`` (for a reader) refuses, with ``StoreNotFoundError``, an
     LMDB path or a Redis prefix that holds no store, and writes nothing.
+
+    ``encryption`` (a ``sessionscope.crypto.Encryption``), or the options
+    ``key_file``/``key_env`` and ``keys``, open the store encrypted (see
+    docs/encryption.md). A store written encrypted is refused without its
+    key (``IncompatibleStoreError``), and one holding plaintext with one.
     """
     spec = parse_store_uri(uri)
+    merged = {**spec.options, **options}
+    crypto = {name: merged.pop(name) for name in list(merged) if name in ENCRYPTION_OPTIONS}
+    if crypto and encryption is not None:
+        raise ValueError("give encryption= or the key options (key_file, key_env, keys), not both")
+    if crypto and not ({"key_file", "key_env"} & set(crypto)):
+        raise ValueError("keys= needs the key-encryption key: key_file= or key_env=")
+    if crypto:
+        encryption = _crypto().Encryption(**crypto)
+    store = _open_plain(spec, create, merged)
+    try:
+        if encryption is None:
+            if store.read_app_state(_MARKER_APP):
+                raise IncompatibleStoreError(
+                    f"{redact(uri)} is encrypted: it cannot be read or written without its key",
+                    hint="give its key-encryption key and key store: key_file= or key_env=, "
+                    "and keys= (see docs/encryption.md)",
+                )
+            return store
+        open_encrypted = _crypto().open_encrypted
+        default_keys = None
+        if spec.kind == "memory":
+            default_keys = "memory://"
+        elif spec.kind == "lmdb":
+            default_keys = f"lmdb://{Path(spec.path).absolute()}.keys"
+        encrypted: Store = open_encrypted(store, encryption, default_keys, create)
+        return encrypted
+    except BaseException:
+        store.close()
+        raise
+
+
+def _crypto() -> Any:
+    """Return sessionscope.crypto; without cryptography installed, say how to get it."""
+    try:
+        from .. import crypto
+    except ImportError as error:
+        raise ValueError(
+            f"encryption needs cryptography: pip install 'sessionscope[encryption]' ({error})"
+        ) from None
+    return crypto
+
+
+def _open_plain(spec: StoreSpec, create: bool, options: dict[str, Any]) -> Store:
+    """Open the store a URI names, as it is."""
     if spec.kind == "memory":
         unknown = sorted(set(options) - set(SCHEMES["memory"][1]))
         if unknown:
             raise ValueError(f"unknown memory:// option {unknown[0]!r}; known: session_ttl")
-        return MemoryStore(**{**spec.options, **options})
+        return MemoryStore(**options)
     if spec.kind == "redis":
         return _open_redis(spec, create, options)
     if not create and not (Path(spec.path) / "data.mdb").is_file():
         raise StoreNotFoundError(
             f"{spec.path} holds no store", hint="check the path; reading never creates a store"
         )
-    return LmdbStore(spec.path, **{**spec.options, **options})
+    return LmdbStore(spec.path, **options)
 
 
 def _open_redis(spec: StoreSpec, create: bool, options: dict[str, Any]) -> Store:
@@ -48,7 +100,7 @@ def _open_redis(spec: StoreSpec, create: bool, options: dict[str, Any]) -> Store
         raise ValueError(
             f"{spec.scheme}:// needs the redis extra: pip install 'sessionscope[redis]' ({error})"
         ) from None
-    parsed = {**spec.options, **options, "create": create}
+    parsed = {**options, "create": create}
     if spec.scheme != "redis+cluster":
         return RedisStore(spec.url, **parsed)
     if spec.username:

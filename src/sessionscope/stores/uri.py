@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 __all__ = [
+    "ENCRYPTION_OPTIONS",
     "REDIS_SCHEMES",
     "SCHEMES",
     "StoreSpec",
@@ -59,6 +60,11 @@ def flag(text: str) -> bool:
 
 Reader = Callable[[str], Any]
 
+# The options every scheme takes to open its store encrypted (see
+# sessionscope.crypto): where the key-encryption key comes from (a file, or
+# an environment variable) and the key store's URI (percent-encoded).
+ENCRYPTION_OPTIONS: dict[str, Reader] = {"key_file": str, "key_env": str, "keys": str}
+
 # The options an lmdb:// URI may carry in its query, and how each is read.
 _LMDB_OPTIONS: dict[str, Reader] = {
     "durability": str,
@@ -69,6 +75,7 @@ _LMDB_OPTIONS: dict[str, Reader] = {
     "session_ttl": float,
     "verify": flag,
     "trust_directory": flag,
+    **ENCRYPTION_OPTIONS,
 }
 # The options a redis URI may carry in its query (the rest is redis-py's own
 # URL syntax: user, password, host, port, database number; TLS settings
@@ -80,12 +87,13 @@ _REDIS_OPTIONS: dict[str, Reader] = {
     "timeout": float,
     "session_ttl": float,
     "allow_eviction": flag,
+    **ENCRYPTION_OPTIONS,
 }
 
 # The scheme table: each scheme's store kind and the query options it takes.
 SCHEMES: dict[str, tuple[str, dict[str, Reader]]] = {
     "lmdb": ("lmdb", _LMDB_OPTIONS),
-    "memory": ("memory", {"session_ttl": float}),
+    "memory": ("memory", {"session_ttl": float, **ENCRYPTION_OPTIONS}),
     "redis": ("redis", _REDIS_OPTIONS),
     "rediss": ("redis", _REDIS_OPTIONS),
     "redis+cluster": ("redis", _REDIS_OPTIONS),

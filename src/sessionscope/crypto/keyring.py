@@ -1,0 +1,285 @@
+"""Data keys: one per user (events, session and user state) and one per app (app state).
+
+Each scope's record in the key store holds the id of the KEK that wraps it,
+the id of its current data key and every data key it ever had (so records
+sealed before a data-key rotation still open), each wrapped with AES-256-GCM
+under the KEK for its place (key store, scope, key id): a wrapped key copied
+to another user does not unwrap. Erasing a scope deletes its record: every
+value sealed under its keys, wherever a copy of it lies, can no longer be
+opened.
+
+The key store's ``meta`` record names it (a random id the data store's
+marker repeats) and the KEK its keys are under (``kek``), plus the one a
+rotation is moving them to (``next``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+from typing import Any
+
+from ..codec import pack, unpack
+from ..errors import CorruptStoreError, EncryptionKeyError, KeyErasedError
+from .envelope import Cipher
+from .kek import Kek
+from .keystore import KeyBackend
+
+__all__ = ["META", "Keyring", "app_scope", "rotate_kek", "user_scope"]
+
+META = b"meta"
+_CACHED_SCOPES = 65536
+SCOPES = b"k"
+
+
+def _h(name: str) -> bytes:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:16]
+
+
+def app_scope(app_name: str) -> bytes:
+    """Return the key-store key of an app's data keys."""
+    return SCOPES + _h(app_name) + b"A"
+
+
+def user_scope(app_name: str, user_id: str) -> bytes:
+    """Return the key-store key of a user's data keys; it starts with the app's prefix."""
+    return SCOPES + _h(app_name) + b"U" + _h(user_id)
+
+
+def app_prefix(app_name: str) -> bytes:
+    """Return the prefix of every scope of an app (the app's and its users')."""
+    return SCOPES + _h(app_name)
+
+
+def read_meta(keys: KeyBackend) -> dict[str, Any] | None:
+    """Return the key store's meta record, None when it holds none yet."""
+    raw = keys.get(META)
+    if raw is None:
+        return None
+    try:
+        meta = unpack(raw)
+        if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
+            raise ValueError("not a meta record")
+    except ValueError as error:
+        raise CorruptStoreError(
+            f"the key store {keys.where} has an unreadable meta record"
+        ) from error
+    return meta
+
+
+def _wrap_place(store_id: str, scope: bytes, key_id: int) -> bytes:
+    result: bytes = pack(["sessionscope data key", store_id, scope, key_id])
+    return result
+
+
+def _parse(keys: KeyBackend, raw: bytes) -> tuple[str, int, list[list[Any]]]:
+    try:
+        kek_id, current, wrapped = unpack(raw)
+        if not isinstance(kek_id, str) or not isinstance(current, int):
+            raise ValueError("bad fields")
+    except (ValueError, TypeError) as error:
+        raise CorruptStoreError(f"a data-key record of {keys.where} is unreadable") from error
+    return kek_id, current, wrapped
+
+
+class Keyring:
+    """The data keys of one store: created on first use, cached unwrapped, erased on demand.
+
+    ``repr`` names the key store and the KEK's id, never a key.
+    """
+
+    def __init__(self, kek: Kek, keys: KeyBackend, store_id: str) -> None:
+        self._kek = kek
+        self._keys = keys
+        self.store_id = store_id
+        self._lock = threading.Lock()
+        # scope -> (current cipher, every cipher by key id)
+        self._cache: dict[bytes, tuple[Cipher, dict[int, Cipher]]] = {}
+
+    def __repr__(self) -> str:
+        return f"Keyring(keys={self._keys.where!r}, kek_id={self._kek.key_id!r})"
+
+    @property
+    def kek(self) -> Kek:
+        """Return the KEK this keyring unwraps with."""
+        return self._kek
+
+    @property
+    def keys(self) -> KeyBackend:
+        """Return the key store."""
+        return self._keys
+
+    def current(self, scope: bytes, fresh: bool = False) -> Cipher:
+        """Return the cipher new values of a scope are sealed with, making its first key.
+
+        ``fresh`` reads the key store even when the scope is cached: a new
+        session must not be sealed under a key another process erased.
+        """
+        if not fresh:
+            known = self._cache.get(scope)
+            if known is not None:
+                return known[0]
+        raw = self._keys.get(scope)
+        if raw is None:
+            raw = self._keys.add(scope, self._record(scope, None))
+        return self._load(scope, raw)[0]
+
+    def cached(self, scope: bytes, key_id: int) -> Cipher | None:
+        """Return the cipher of a data key if this keyring holds it unwrapped, else None."""
+        known = self._cache.get(scope)
+        return None if known is None else known[1].get(key_id)
+
+    def cipher(self, scope: bytes, key_id: int, what: str) -> Cipher:
+        """Return the cipher of data key ``key_id`` of a scope; KeyErasedError if it is gone."""
+        known = self._cache.get(scope)
+        if known is not None:
+            found = known[1].get(key_id)
+            if found is not None:
+                return found
+        raw = self._keys.get(scope)
+        if raw is not None:
+            found = self._load(scope, raw)[1].get(key_id)
+            if found is not None:
+                return found
+        raise KeyErasedError(
+            f"{what} is sealed under a data key its user or app does not have (key id "
+            f"{key_id:#010x}): the key was erased, or the record was copied from another user",
+            hint="an erased user's or app's data (delete_user, delete_app) can be read by "
+            "nobody; delete what is left of it with delete_user or delete_app",
+        )
+
+    def rotate(self, scope: bytes) -> int:
+        """Give a scope a new current data key (older ones stay for reading); return its id."""
+        while True:
+            raw = self._keys.get(scope)
+            if raw is None:
+                raw = self._keys.add(scope, self._record(scope, None))
+            new = self._record(scope, raw)
+            if self._keys.swap(scope, raw, new):
+                return self._load(scope, new)[0].key_id
+
+    def erase(self, scope: bytes, *, prefix: bool = False) -> None:
+        """Destroy a scope's data keys (with ``prefix``, of every scope under it)."""
+        with self._lock:
+            for known in [s for s in self._cache if s.startswith(scope)] if prefix else [scope]:
+                self._cache.pop(known, None)
+        if prefix:
+            self._keys.delete_prefix(scope)
+        else:
+            self._keys.delete(scope)
+
+    def _record(self, scope: bytes, raw: bytes | None) -> bytes:
+        """Return the record with a new current key added (to ``raw``, or to nothing)."""
+        wrapped: list[list[Any]] = []
+        if raw is not None:
+            kek_id, _, wrapped = _parse(self._keys, raw)
+            self._check_kek(kek_id)
+        taken = {entry[0] for entry in wrapped}
+        key_id = 0
+        while key_id == 0 or key_id in taken:
+            key_id = secrets.randbits(32)
+        data_key = secrets.token_bytes(32)
+        entry = [key_id, self._kek.wrap(data_key, _wrap_place(self.store_id, scope, key_id))]
+        result: bytes = pack([self._kek.key_id, key_id, [*wrapped, entry]])
+        return result
+
+    def _check_kek(self, kek_id: str) -> None:
+        if kek_id != self._kek.key_id:
+            raise EncryptionKeyError(
+                f"a data key of {self._keys.where} is wrapped under key id {kek_id}, "
+                f"not under {self._kek.key_id} ({self._kek.source})",
+                hint="a key rotation is unfinished: run `sessionscope rotate-key` again "
+                "with the old and the new key",
+            )
+
+    def _load(self, scope: bytes, raw: bytes) -> tuple[Cipher, dict[int, Cipher]]:
+        kek_id, current, wrapped = _parse(self._keys, raw)
+        self._check_kek(kek_id)
+        ciphers: dict[int, Cipher] = {}
+        for key_id, blob in wrapped:
+            data_key = self._kek.unwrap(blob, _wrap_place(self.store_id, scope, key_id))
+            if data_key is None:
+                raise CorruptStoreError(
+                    f"a data key of {self._keys.where} does not unwrap (key id {key_id:#010x}): "
+                    "its record was altered or moved"
+                )
+            ciphers[key_id] = Cipher(key_id, data_key)
+        if current not in ciphers:
+            raise CorruptStoreError(
+                f"a data-key record of {self._keys.where} lacks its current key"
+            )
+        loaded = (ciphers[current], ciphers)
+        with self._lock:
+            # Bounded: a long-lived process meets many users; a scope dropped
+            # is unwrapped again on its next use.
+            if len(self._cache) >= _CACHED_SCOPES:
+                self._cache.clear()
+            self._cache[scope] = loaded
+        return loaded
+
+
+def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
+    """Re-wrap every data key of a key store from ``old`` to ``new``; return how many records.
+
+    The data is not touched. Crash-safe and resumable: the meta record names
+    the rotation's target first, each record is re-wrapped on its own by
+    compare-and-swap and names its KEK, and the meta record names ``new`` as
+    the store's KEK last. Running it again (after a crash, or to catch a
+    record a process still holding ``old`` wrote meanwhile) re-wraps what is
+    left under ``old`` and nothing else.
+    """
+    meta = read_meta(keys)
+    if meta is None:
+        raise EncryptionKeyError(f"the key store {keys.where} holds no keys", hint="check keys=")
+    if old.key_id == new.key_id:
+        raise ValueError("the new key-encryption key is the old one")
+    # Once done (kek is new), running again re-wraps what a process still
+    # holding the old key wrote meanwhile.
+    allowed = {meta.get("kek"), meta.get("next")}
+    if old.key_id not in allowed and meta.get("kek") != new.key_id:
+        raise EncryptionKeyError(
+            f"the old key-encryption key ({old.source}, key id {old.key_id}) is not the one "
+            f"of {keys.where} (key id {meta.get('kek')})",
+            hint="give the key the store's data keys are wrapped under as the old key",
+        )
+    if meta.get("next") not in (None, new.key_id) and meta.get("kek") != new.key_id:
+        raise EncryptionKeyError(
+            f"a rotation of {keys.where} to key id {meta.get('next')} is unfinished",
+            hint="finish it first: run rotate-key again with that new key",
+        )
+    store_id = meta["id"]
+    if meta.get("kek") != new.key_id:
+        _set_meta(keys, {**meta, "kek": old.key_id, "next": new.key_id})
+    rewrapped = 0
+    for scope, raw in keys.items(SCOPES):
+        while True:
+            kek_id, current, wrapped = _parse(keys, raw)
+            if kek_id != old.key_id:
+                break
+            moved = []
+            for key_id, blob in wrapped:
+                place = _wrap_place(store_id, scope, key_id)
+                data_key = old.unwrap(blob, place)
+                if data_key is None:
+                    raise CorruptStoreError(f"a data key of {keys.where} does not unwrap")
+                moved.append([key_id, new.wrap(data_key, place)])
+            if keys.swap(scope, raw, pack([new.key_id, current, moved])):
+                rewrapped += 1
+                break
+            again = keys.get(scope)
+            if again is None:  # erased meanwhile
+                break
+            raw = again
+    final = read_meta(keys) or meta
+    _set_meta(
+        keys, {key: value for key, value in final.items() if key != "next"} | {"kek": new.key_id}
+    )
+    return rewrapped
+
+
+def _set_meta(keys: KeyBackend, meta: dict[str, Any]) -> None:
+    while True:
+        raw = keys.get(META)
+        if raw is None or keys.swap(META, raw, pack(meta)):
+            return

@@ -1,0 +1,779 @@
+"""EncryptedStore: any store (memory, LMDB, Redis) with its values sealed under data keys.
+
+It implements the Store protocol around another store, which it hands
+ciphertext and from which it reads ciphertext back; the service above sees
+plaintext, the store below never does. What is sealed, and under which key:
+
+| what | data key | associated data (place) |
+|---|---|---|
+| an event's record | the user's | ``e``, app, user, session, event id, timestamp |
+| a session state value | the user's | ``s``, app, user, session, key |
+| a user state value | the user's | ``u``, app, user, key |
+| an app state value | the app's | ``a``, app, key |
+
+A sealed event is stored as an event record of its own,
+``{"id", "timestamp", "sealed"}``, so the stores' rules that read an event's
+id and time (retries, retention, copies, checks) work unchanged; a sealed
+state value is stored as a msgpack ``bin``. Ids, state keys, times, counts
+and sizes stay plaintext.
+
+The data store holds a marker: the app ``MARKER_APP`` (not listed) whose app
+state names the key store. ``open_store`` refuses a store with the marker
+when no key is given, and ``open_encrypted`` one holding data without it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from ..codec import decode_event, decode_stored, pack, pack_event
+from ..errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreError
+from ..stores.completion import Completion
+from ..stores.protocol import Store
+from ..stores.records import (
+    AppendBatch,
+    AppendRequest,
+    AppendResult,
+    BatchResult,
+    EventCopy,
+    EventPage,
+    Items,
+    ListPosition,
+    LoadedSession,
+    SessionCopy,
+    SessionRecord,
+    copies_equal,
+    event_copy,
+)
+from .envelope import HEADER, SEALED_VERSION, Cipher, place, split, state_place
+from .kek import Kek, kek_from
+from .keyring import Keyring, app_prefix, app_scope, read_meta, user_scope
+from .keystore import KeyBackend, open_key_store
+
+__all__ = ["MARKER_APP", "EncryptedStore", "Encryption", "marker_of", "open_encrypted", "raw_store"]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+# The app whose app state marks a store as encrypted; NUL first, so no
+# listing shows it and it sorts before every other app.
+MARKER_APP = "\x00sessionscope:encryption"
+MARKER_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """How to open a store encrypted: where its data keys live, and the key that wraps them.
+
+    ``keys`` is the key store's URI (``lmdb:///path``, ``redis://host/db?prefix=``,
+    ``memory://``); None: beside an LMDB store (its path plus ``.keys``), in
+    memory for a memory store, and required for Redis. The key-encryption
+    key comes from exactly one of ``key_file`` (a path), ``key_env`` (an
+    environment variable's name) or ``key`` (32 bytes, or a callable
+    returning them, e.g. from a KMS). ``repr`` never shows a key.
+    """
+
+    keys: str | None = None
+    key_file: str | os.PathLike[str] | None = None
+    key_env: str | None = None
+    key: bytes | Callable[[], bytes | str] | None = field(default=None, repr=False)
+
+    def kek(self) -> Kek:
+        """Return the key-encryption key from its source (EncryptionKeyError if missing)."""
+        return kek_from(key_file=self.key_file, key_env=self.key_env, key=self.key)
+
+
+def raw_store(store: Any) -> Any:
+    """Return the store below an EncryptedStore (what dumps and backups read), else ``store``."""
+    return store.raw if isinstance(store, EncryptedStore) else store
+
+
+def marker_of(store: Store) -> dict[str, Any]:
+    """Return the encryption marker of a plain store's data ({} when it is not encrypted)."""
+    return store.read_app_state(MARKER_APP)
+
+
+def open_encrypted(
+    inner: Store, encryption: Encryption, default_keys: str | None, create: bool = True
+) -> EncryptedStore:
+    """Return ``inner`` encrypted; check the key and the marker before anything is written.
+
+    A wrong or missing KEK, a key store other than the one the data names,
+    and data written without encryption are refused (``inner`` is left as it
+    was, and is not closed: the caller closes it).
+    """
+    kek = encryption.kek()
+    location = encryption.keys or default_keys
+    if location is None:
+        raise ValueError("an encrypted Redis store needs its key store: keys=URI")
+    marker = marker_of(inner)
+    if not marker and inner.list_apps():
+        raise IncompatibleStoreError(
+            "this store holds data written without encryption: it cannot be opened encrypted",
+            hint="open it without a key, or export it and import the dump into a new "
+            "encrypted store",
+        )
+    keys = open_key_store(location, create=create and not marker)
+    try:
+        keyring = _keyring(inner, marker, keys, kek)
+    except BaseException:
+        keys.close()
+        raise
+    return EncryptedStore(inner, keyring)
+
+
+def _keyring(inner: Store, marker: dict[str, Any], keys: KeyBackend, kek: Kek) -> Keyring:
+    meta = read_meta(keys)
+    if marker and (meta is None or meta["id"] != marker.get("keystore")):
+        raise EncryptionKeyError(
+            f"the key store {keys.where} does not hold this store's data keys",
+            hint="give the key store (keys=) this store was written with",
+        )
+    if meta is not None and kek.key_id not in (meta.get("kek"), meta.get("next")):
+        raise EncryptionKeyError(
+            f"the key-encryption key from {kek.source} (key id {kek.key_id}) is not the one "
+            f"of the key store {keys.where} (key id {meta.get('kek')})",
+            hint="give the key this store was written with",
+        )
+    if meta is None:
+        import secrets
+
+        keys.add(b"meta", pack({"format": 1, "id": secrets.token_hex(16), "kek": kek.key_id}))
+        meta = read_meta(keys)
+        assert meta is not None
+    if not marker:
+        inner.write_app_state(
+            MARKER_APP, [("keystore", pack(meta["id"])), ("format", pack(MARKER_FORMAT))]
+        ).result()
+    return Keyring(kek, keys, meta["id"])
+
+
+def _name(app: str, user: str, session: str) -> str:
+    return f"{app!r}/{user!r}/{session!r}"[:300]
+
+
+def _event_name(fields: Any, app: str, user: str, session: str) -> str:
+    event_id = fields.get("id") if isinstance(fields, dict) else None
+    return f"event {str(event_id)[:100]!r} of session {_name(app, user, session)}"
+
+
+class _Then(Completion[U], Generic[T, U]):
+    """A store's completion whose value is passed through a function (to open what it holds).
+
+    The function runs once: awaiting again after a cancellation (or calling
+    ``result`` again) returns what it gave the first time.
+    """
+
+    __slots__ = ("_inner", "_opened", "_then")
+
+    def __init__(self, inner: Awaitable[T], then: Callable[[T], U]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._then = then
+        self._opened: tuple[U] | None = None
+
+    def _open_once(self, value: T) -> U:
+        if self._opened is None:
+            self._opened = (self._then(value),)
+        return self._opened[0]
+
+    def result(self) -> U:
+        inner: Any = self._inner
+        return self._open_once(inner.result())
+
+    def __await__(self) -> Generator[Any, None, U]:
+        value = yield from self._inner.__await__()
+        return self._open_once(value)
+
+
+class EncryptedStore:
+    """A Store that seals what it hands the store below and opens what it reads back.
+
+    ``raw`` is the store below (what a dump or a backup copies: ciphertext);
+    ``keyring`` its data keys. ``repr`` names both, never a key.
+    """
+
+    def __init__(self, inner: Store, keyring: Keyring) -> None:
+        self._inner = inner
+        self._keyring = keyring
+        self._aio: _AsyncEncrypted | None = None
+        # The current cipher of each user and app met, without hashing ids
+        # into key-store keys on every call; emptied on erasure and rotation.
+        self._users: dict[tuple[str, str], Cipher] = {}
+        self._apps: dict[str, Cipher] = {}
+        self._session_places: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
+
+    def __repr__(self) -> str:
+        return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
+
+    @property
+    def raw(self) -> Store:
+        """Return the store below, which holds ciphertext."""
+        return self._inner
+
+    @property
+    def keyring(self) -> Keyring:
+        """Return the data keys of this store."""
+        return self._keyring
+
+    @property
+    def path(self) -> Any:
+        """Return the path of the store below (None for a store without one)."""
+        return getattr(self._inner, "path", None)
+
+    @property
+    def aio(self) -> _AsyncEncrypted:
+        """Return the async face: the store below's, sealing and opening around it."""
+        if self._aio is None:
+            self._aio = _AsyncEncrypted(self)
+        return self._aio
+
+    def __getattr__(self, name: str) -> Any:
+        # What a kind of store offers beside the protocol (copy_to, format, where...).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    # -- sealing ---------------------------------------------------------
+
+    def _user(self, app: str, user: str, fresh: bool = False) -> Cipher:
+        if not fresh:
+            known = self._users.get((app, user))
+            if known is not None:
+                return known
+        cipher = self._keyring.current(user_scope(app, user), fresh)
+        if len(self._users) >= 65536:
+            self._users.clear()
+        self._users[(app, user)] = cipher
+        return cipher
+
+    def _app(self, app: str, fresh: bool = False) -> Cipher:
+        if not fresh:
+            known = self._apps.get(app)
+            if known is not None:
+                return known
+        cipher = self._keyring.current(app_scope(app), fresh)
+        if len(self._apps) >= 4096:
+            self._apps.clear()
+        self._apps[app] = cipher
+        return cipher
+
+    def _forget(self) -> None:
+        self._users.clear()
+        self._apps.clear()
+
+    def seal_event(
+        self,
+        cipher: Cipher,
+        app: str,
+        user: str,
+        session: str,
+        event_id: str,
+        stamp: float,
+        record: bytes,
+    ) -> bytes:
+        """Return an event record as stored: its id and time, and the record sealed."""
+        sealed = cipher.seal_fixed(record, place("e", app, user, session, event_id, stamp))
+        return pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})
+
+    def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
+        return cipher.seal_items(items, place(*where))
+
+    def _places(self, app: str, user: str, session: str) -> tuple[bytes, bytes, bytes]:
+        """Return the places of a session's app, user and session maps, made once a session."""
+        key = (app, user, session)
+        known = self._session_places.get(key)
+        if known is None:
+            known = (place("a", app), place("u", app, user), place("s", app, user, session))
+            if len(self._session_places) >= 65536:
+                self._session_places.clear()
+            self._session_places[key] = known
+        return known
+
+    def _request(self, request: AppendRequest) -> AppendRequest:
+        app, user, session = request.app_name, request.user_id, request.session_id
+        cipher = self._user(app, user)
+        at_app, at_user, at_session = self._places(app, user, session)
+        app_items, user_items, session_items = (
+            request.app_items,
+            request.user_items,
+            request.session_items,
+        )
+        return AppendRequest(
+            app,
+            user,
+            session,
+            request.event_id,
+            request.timestamp,
+            self.seal_event(
+                cipher, app, user, session, request.event_id, request.timestamp, request.event
+            ),
+            self._app(app).seal_items(app_items, at_app) if app_items else app_items,
+            cipher.seal_items(user_items, at_user) if user_items else user_items,
+            cipher.seal_items(session_items, at_session) if session_items else session_items,
+            request.marker,
+            request.caller_update_time,
+            request.caller_last_event_id,
+            request.locked,
+            request.catch_up,
+        )
+
+    def _batch(self, batch: AppendBatch) -> AppendBatch:
+        keys, owners = batch.keys, batch.owners
+        # Per session of the batch: its user's cipher, its app's, and the
+        # places of its three maps, made once.
+        users = [self._user(app, user) for app, user, _ in keys]
+        apps = [self._app(app) for app, _, _ in keys]
+        places = [self._places(app, user, session) for app, user, session in keys]
+        seal = self.seal_event
+        event_ids, timestamps = batch.event_ids, batch.timestamps
+        events = []
+        app_items: list[Items] = []
+        user_items: list[Items] = []
+        session_items: list[Items] = []
+        for index, record in enumerate(batch.events):
+            owner = owners[index]
+            app, user, session = keys[owner]
+            cipher = users[owner]
+            at_app, at_user, at_session = places[owner]
+            events.append(
+                seal(cipher, app, user, session, event_ids[index], timestamps[index], record)
+            )
+            items = batch.app_items[index]
+            app_items.append(apps[owner].seal_items(items, at_app) if items else items)
+            items = batch.user_items[index]
+            user_items.append(cipher.seal_items(items, at_user) if items else items)
+            items = batch.session_items[index]
+            session_items.append(cipher.seal_items(items, at_session) if items else items)
+        return AppendBatch(
+            keys,
+            owners,
+            event_ids,
+            timestamps,
+            events,
+            app_items,
+            user_items,
+            session_items,
+        )
+
+    def _copy(self, copy: SessionCopy) -> SessionCopy:
+        app, user, session = copy.app_name, copy.user_id, copy.session_id
+        cipher = self._user(app, user, fresh=True)
+        return SessionCopy(
+            app,
+            user,
+            session,
+            copy.create_time,
+            copy.last_update_time,
+            self._seal_items(cipher, copy.session_items, "s", app, user, session),
+            [
+                EventCopy(
+                    event.event_id,
+                    event.timestamp,
+                    self.seal_event(
+                        cipher, app, user, session, event.event_id, event.timestamp, event.record
+                    ),
+                )
+                for event in copy.events
+            ],
+        )
+
+    # -- opening ---------------------------------------------------------
+
+    def open_event(
+        self, app: str, user: str, session: str, data: bytes, scope: bytes | None = None
+    ) -> bytes:
+        """Return the record an event of a session was appended with."""
+        fields = decode_event(data)
+        try:
+            sealed = fields["sealed"]
+            where = place("e", app, user, session, fields["id"], fields["timestamp"])
+            if sealed[0] != SEALED_VERSION or len(sealed) < HEADER:
+                raise ValueError("not a sealed value of this version")
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise CorruptStoreError(
+                f"{_event_name(fields, app, user, session)} is not a sealed event, "
+                "in an encrypted store"
+            ) from None
+        if scope is None:
+            scope = user_scope(app, user)
+        key_id = int.from_bytes(sealed[1:5], "big")
+        cipher = self._keyring.cached(scope, key_id)
+        if cipher is None:
+            cipher = self._keyring.cipher(scope, key_id, _event_name(fields, app, user, session))
+        plain = cipher.open(sealed, where)
+        if plain is None:
+            raise CorruptStoreError(
+                f"{_event_name(fields, app, user, session)} fails its authentication: "
+                "it was altered, or copied from another place"
+            )
+        return plain
+
+    def _open(self, sealed: bytes, scope: bytes, where: bytes, what: str) -> bytes:
+        try:
+            _, key_id = split(sealed)
+        except ValueError:
+            raise CorruptStoreError(f"{what} is not a sealed value") from None
+        plain = self._keyring.cipher(scope, key_id, what).open(sealed, where)
+        if plain is None:
+            raise CorruptStoreError(
+                f"{what} fails its authentication: it was altered, or copied from another place"
+            )
+        return plain
+
+    def _open_map(self, values: dict[str, Any], scope: bytes, *where: str) -> dict[str, Any]:
+        prefix = place(*where)
+        cached = self._keyring.cached
+        opened = {}
+        for key, sealed in values.items():
+            cipher = None
+            if type(sealed) is bytes and len(sealed) > HEADER and sealed[0] == SEALED_VERSION:
+                cipher = cached(scope, int.from_bytes(sealed[1:5], "big"))
+            plain = None if cipher is None else cipher.open(sealed, prefix + key.encode())
+            if plain is None:  # not cached, or not opening: the slow path says why
+                what = f"state value {key[:100]!r} of {'/'.join(repr(w) for w in where[1:])[:300]}"
+                if not isinstance(sealed, bytes):
+                    raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
+                plain = self._open(sealed, scope, state_place(prefix, key), what)
+            opened[key] = decode_stored(plain, "a state value")
+        return opened
+
+    def open_loaded(self, loaded: LoadedSession | None) -> LoadedSession | None:
+        """Return a session read from the store below with its state and events opened."""
+        if loaded is None:
+            return None
+        record = loaded.record
+        app, user, session = record.app_name, record.user_id, record.session_id
+        scope = user_scope(app, user)
+        return LoadedSession(
+            record,
+            self._open_map(loaded.session_state, scope, "s", app, user, session),
+            self._open_map(loaded.app_state, app_scope(app), "a", app),
+            self._open_map(loaded.user_state, scope, "u", app, user),
+            [self.open_event(app, user, session, event, scope) for event in loaded.events],
+        )
+
+    def _open_result(self, request: AppendRequest) -> Callable[[AppendResult], AppendResult]:
+        def then(result: AppendResult) -> AppendResult:
+            if result.missed_events:
+                result.missed_events = [
+                    self.open_event(request.app_name, request.user_id, request.session_id, e)
+                    for e in result.missed_events
+                ]
+            if result.stored_state is not None:
+                result.stored_state = self.open_loaded(result.stored_state)
+            return result
+
+        return then
+
+    def _open_page(self, page: EventPage | None) -> EventPage | None:
+        if page is None:
+            return None
+        record, events = page
+        app, user, session = record.app_name, record.user_id, record.session_id
+        scope = user_scope(app, user)
+        return record, [
+            (pos, self.open_event(app, user, session, data, scope)) for pos, data in events
+        ]
+
+    # -- the Store protocol ----------------------------------------------
+
+    def create_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> Completion[LoadedSession]:
+        """Store a new session; see ``Store.create_session``."""
+        args = self._create_args(
+            app_name, user_id, session_id, create_time, app_items, user_items, session_items
+        )
+        return _Then(self._inner.create_session(*args), self.open_loaded)  # type: ignore[arg-type]
+
+    def _create_args(
+        self,
+        app: str,
+        user: str,
+        session: str,
+        create_time: float,
+        app_items: Items,
+        user_items: Items,
+        session_items: Items,
+    ) -> tuple[Any, ...]:
+        # A new session reads its user's key afresh: another process may have erased it.
+        cipher = self._user(app, user, fresh=True)
+        return (
+            app,
+            user,
+            session,
+            create_time,
+            self._seal_items(self._app(app, fresh=True), app_items, "a", app) if app_items else [],
+            self._seal_items(cipher, user_items, "u", app, user),
+            self._seal_items(cipher, session_items, "s", app, user, session),
+        )
+
+    def load_session(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        num_recent_events: int | None,
+        after_timestamp: float | None,
+    ) -> LoadedSession | None:
+        """Read a session; see ``Store.load_session``."""
+        return self.open_loaded(
+            self._inner.load_session(
+                app_name, user_id, session_id, num_recent_events, after_timestamp
+            )
+        )
+
+    def read_events(
+        self, app_name: str, user_id: str, session_id: str, start: int, limit: int
+    ) -> EventPage | None:
+        """Return a page of a session's events; see ``Store.read_events``."""
+        return self._open_page(self._inner.read_events(app_name, user_id, session_id, start, limit))
+
+    def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
+        """Return session records; see ``Store.list_sessions``."""
+        return self._inner.list_sessions(app_name, user_id)
+
+    def list_page(
+        self, app_name: str, user_id: str | None, limit: int | None, after: ListPosition | None
+    ) -> tuple[list[SessionRecord], bool]:
+        """Return one page of sessions; see ``Store.list_page``."""
+        return self._inner.list_page(app_name, user_id, limit, after)
+
+    def delete_session(self, app_name: str, user_id: str, session_id: str) -> Completion[None]:
+        """Remove a session; see ``Store.delete_session``."""
+        return self._inner.delete_session(app_name, user_id, session_id)
+
+    def append(self, request: AppendRequest) -> Completion[AppendResult]:
+        """Append one event, sealed; see ``Store.append``."""
+        completion = self._inner.append(self._request(request))
+        if not (request.locked or request.catch_up):
+            return completion
+        return _Then(completion, self._open_result(request))
+
+    def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
+        """Append a batch, sealed; see ``Store.append_many``."""
+        return self._inner.append_many(self._batch(batch))
+
+    def read_app_state(self, app_name: str) -> dict[str, Any]:
+        """Return the app map, opened; see ``Store.read_app_state``."""
+        return self._open_map(
+            self._inner.read_app_state(app_name), app_scope(app_name), "a", app_name
+        )
+
+    def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """Return a user map, opened; see ``Store.read_user_state``."""
+        return self._open_map(
+            self._inner.read_user_state(app_name, user_id),
+            user_scope(app_name, user_id),
+            "u",
+            app_name,
+            user_id,
+        )
+
+    def flush(self) -> Completion[None]:
+        """Make every acknowledged write durable."""
+        return self._inner.flush()
+
+    def close(self) -> None:
+        """Close the store below and the key store."""
+        try:
+            self._inner.close()
+        finally:
+            self._keyring.keys.close()
+
+    def truncate_events(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        before: float | None,
+        keep_last: int | None,
+    ) -> Completion[int]:
+        """Remove old events; see ``Store.truncate_events``."""
+        return self._inner.truncate_events(app_name, user_id, session_id, before, keep_last)
+
+    def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
+        """Delete idle sessions; see ``Store.expire_sessions``."""
+        return self._inner.expire_sessions(app_name, idle_before)
+
+    def delete_user(self, app_name: str, user_id: str) -> Completion[int]:
+        """Destroy a user's data key, then delete the user's sessions and state.
+
+        The key goes first: from then on nothing of the user's, wherever a
+        copy lies (a backup, a dump, pages LMDB has not reused), can be read.
+        """
+        self._keyring.erase(user_scope(app_name, user_id))
+        self._forget()
+        return self._inner.delete_user(app_name, user_id)
+
+    def delete_app(self, app_name: str) -> Completion[int]:
+        """Destroy the data keys of an app and of its users, then delete the app."""
+        self._keyring.erase(app_prefix(app_name), prefix=True)
+        self._forget()
+        return self._inner.delete_app(app_name)
+
+    def list_apps(self) -> list[str]:
+        """Return the apps of the store (the marker apart)."""
+        return [app for app in self._inner.list_apps() if app != MARKER_APP]
+
+    def list_users(self, app_name: str) -> list[str]:
+        """Return the users of an app."""
+        return self._inner.list_users(app_name)
+
+    def restore_session(self, copy: SessionCopy) -> Completion[bool]:
+        """Write a whole session, sealed; see ``Store.restore_session``.
+
+        State values are sealed under random nonces, so an equal session
+        stored already is recognised by its plaintext, before the store
+        below compares ciphertext.
+        """
+        if self._stored_equal(
+            copy,
+            self.load_session(copy.app_name, copy.user_id, copy.session_id, None, None),
+        ):
+            return Completion.done(False)
+        return self._inner.restore_session(self._copy(copy))
+
+    @staticmethod
+    def _stored_equal(copy: SessionCopy, loaded: LoadedSession | None) -> bool:
+        if loaded is None:
+            return False
+        stored = SessionCopy.of_record(
+            loaded.record,
+            [(key, pack(value)) for key, value in loaded.session_state.items()],
+            [event_copy(event) for event in loaded.events],
+        )
+        return copies_equal(stored, copy)
+
+    def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
+        """Set keys of the app map, sealed."""
+        cipher = self._app(app_name, fresh=True)
+        return self._inner.write_app_state(app_name, self._seal_items(cipher, items, "a", app_name))
+
+    def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
+        """Set keys of a user map, sealed."""
+        cipher = self._user(app_name, user_id, fresh=True)
+        return self._inner.write_user_state(
+            app_name, user_id, self._seal_items(cipher, items, "u", app_name, user_id)
+        )
+
+    def rotate_data_key(self, app_name: str, user_id: str | None = None) -> int:
+        """Give a user (or, without ``user_id``, the app's state) a new data key; return its id.
+
+        New writes are sealed under it; what was sealed before stays readable.
+        """
+        scope = app_scope(app_name) if user_id is None else user_scope(app_name, user_id)
+        rotated = self._keyring.rotate(scope)
+        self._forget()
+        return rotated
+
+
+class _AsyncEncrypted:
+    """The async face of an EncryptedStore over the async face of the store below."""
+
+    def __init__(self, store: EncryptedStore) -> None:
+        self._store = store
+        self._aio: Any = store.raw.aio
+
+    def create_session(self, *args: Any) -> Awaitable[LoadedSession]:
+        store = self._store
+        return _Then(self._aio.create_session(*store._create_args(*args)), store.open_loaded)  # type: ignore[arg-type]
+
+    async def load_session(self, *args: Any) -> LoadedSession | None:
+        return self._store.open_loaded(await self._aio.load_session(*args))
+
+    async def read_events(self, *args: Any) -> EventPage | None:
+        return self._store._open_page(await self._aio.read_events(*args))
+
+    async def list_sessions(self, *args: Any) -> list[SessionRecord]:
+        result: list[SessionRecord] = await self._aio.list_sessions(*args)
+        return result
+
+    async def list_page(self, *args: Any) -> tuple[list[SessionRecord], bool]:
+        result: tuple[list[SessionRecord], bool] = await self._aio.list_page(*args)
+        return result
+
+    def delete_session(self, *args: Any) -> Awaitable[None]:
+        result: Awaitable[None] = self._aio.delete_session(*args)
+        return result
+
+    def append(self, request: AppendRequest) -> Awaitable[AppendResult]:
+        awaitable: Awaitable[AppendResult] = self._aio.append(self._store._request(request))
+        if not (request.locked or request.catch_up):
+            return awaitable
+        return _Then(awaitable, self._store._open_result(request))
+
+    def append_many(self, batch: AppendBatch) -> Awaitable[BatchResult]:
+        result: Awaitable[BatchResult] = self._aio.append_many(self._store._batch(batch))
+        return result
+
+    async def read_app_state(self, app_name: str) -> dict[str, Any]:
+        values = await self._aio.read_app_state(app_name)
+        return self._store._open_map(values, app_scope(app_name), "a", app_name)
+
+    async def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
+        values = await self._aio.read_user_state(app_name, user_id)
+        return self._store._open_map(values, user_scope(app_name, user_id), "u", app_name, user_id)
+
+    def flush(self) -> Awaitable[None]:
+        result: Awaitable[None] = self._aio.flush()
+        return result
+
+    async def close(self) -> None:
+        try:
+            await self._aio.close()
+        finally:
+            self._store.keyring.keys.close()
+
+    async def truncate_events(self, *args: Any) -> int:
+        return int(await self._aio.truncate_events(*args))
+
+    async def expire_sessions(self, *args: Any) -> int:
+        return int(await self._aio.expire_sessions(*args))
+
+    async def delete_user(self, app_name: str, user_id: str) -> int:
+        self._store.keyring.erase(user_scope(app_name, user_id))
+        self._store._forget()
+        return int(await self._aio.delete_user(app_name, user_id))
+
+    async def delete_app(self, app_name: str) -> int:
+        self._store.keyring.erase(app_prefix(app_name), prefix=True)
+        self._store._forget()
+        return int(await self._aio.delete_app(app_name))
+
+    async def list_apps(self) -> list[str]:
+        return [app for app in await self._aio.list_apps() if app != MARKER_APP]
+
+    async def list_users(self, app_name: str) -> list[str]:
+        result: list[str] = await self._aio.list_users(app_name)
+        return result
+
+    async def restore_session(self, copy: SessionCopy) -> bool:
+        store = self._store
+        loaded = await self.load_session(copy.app_name, copy.user_id, copy.session_id, None, None)
+        if store._stored_equal(copy, loaded):
+            return False
+        return bool(await self._aio.restore_session(store._copy(copy)))
+
+    async def write_app_state(self, app_name: str, items: Items) -> None:
+        store = self._store
+        sealed = store._seal_items(store._app(app_name, fresh=True), items, "a", app_name)
+        await self._aio.write_app_state(app_name, sealed)
+
+    async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
+        store = self._store
+        cipher = store._user(app_name, user_id, fresh=True)
+        await self._aio.write_user_state(
+            app_name, user_id, store._seal_items(cipher, items, "u", app_name, user_id)
+        )

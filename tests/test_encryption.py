@@ -1,0 +1,774 @@
+"""Encryption at rest: erasure that reaches backups and dumps, tampering, wrong keys, byte scans.
+
+Every test runs on real LMDB files and a real redis-server: the Redis kind
+keeps its data keys in Redis under a prefix of their own, the LMDB kind in
+an LMDB file beside the store. (The contract, retention and dump suites run
+on encrypted stores in test_encryption_contract.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _redis
+from _stores import ev
+from sessionscope import Event, EventActions, SessionService, SyncSessionService
+from sessionscope.admin.dump import export_dump, import_dump
+from sessionscope.admin.ops import backup
+from sessionscope.errors import (
+    CorruptStoreError,
+    DumpError,
+    EncryptionKeyError,
+    IncompatibleStoreError,
+    KeyErasedError,
+    StoreNotFoundError,
+)
+from sessionscope.stores import open_store
+from sessionscope.stores.records import EventCopy, SessionCopy
+
+pytest.importorskip("cryptography")
+
+from sessionscope.crypto import (
+    EncryptedStore,
+    Encryption,
+    Kek,
+    kek_from,
+    new_key_text,
+    open_key_store,
+    rotate_key,
+)
+from sessionscope.crypto.keyring import rotate_kek
+
+KEK = bytes.fromhex("5e" * 32)
+OTHER_KEK = bytes.fromhex("a7" * 32)
+# Plaintext that must never reach a file: one marker per place a value can be.
+SECRETS = {
+    "session": b"SESSION-SECRET-6b1f",
+    "user": b"USER-SECRET-0c9e",
+    "app": b"APP-SECRET-77d2",
+    "event": b"EVENT-SECRET-e41a",
+    "delta": b"DELTA-SECRET-53bb",
+    "temp": b"TEMP-SECRET-9f03",
+}
+
+
+class Place:
+    """Where one test's encrypted stores live: LMDB directories, or Redis prefixes."""
+
+    def __init__(self, kind: str, base: Path) -> None:
+        self.kind = kind
+        self.base = base
+        self.tag = uuid.uuid4().hex
+        self.server = _redis.shared("redis") if kind == "redis" else None
+
+    def uri(self, name: str = "store") -> str:
+        if self.server is not None:
+            return f"{self.server.url}?prefix={self.tag}-{name}"
+        return f"lmdb://{self.base / name}"
+
+    @property
+    def keys(self) -> str:
+        if self.server is not None:
+            return f"{self.server.url}?prefix={self.tag}-keys:"
+        return f"lmdb://{self.base / 'keys'}"
+
+    def open(self, name: str = "store", key: bytes = KEK, **options: Any) -> Any:
+        return open_store(self.uri(name), encryption=Encryption(keys=self.keys, key=key), **options)
+
+    def raw_bytes(self, name: str = "store") -> bytes:
+        """Return every byte the store keeps: its LMDB file, or each Redis value of its prefix."""
+        if self.server is None:
+            return (self.base / name / "data.mdb").read_bytes()
+        return _redis_bytes(self.server.url, f"{self.tag}-{name}")
+
+    def key_bytes(self) -> bytes:
+        if self.server is None:
+            return (self.base / "keys" / "data.mdb").read_bytes()
+        return _redis_bytes(self.server.url, f"{self.tag}-keys:")
+
+
+def _redis_bytes(url: str, prefix: str) -> bytes:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    found = []
+    try:
+        for name in client.scan_iter(prefix.encode() + b"*"):
+            kind = client.type(name)
+            if kind == b"string":
+                found.append(client.get(name))
+            elif kind == b"hash":
+                for field, value in client.hgetall(name).items():
+                    found += [field, value]
+            elif kind == b"list":
+                found += client.lrange(name, 0, -1)
+            elif kind == b"zset":
+                found += [member for member, _ in client.zrange(name, 0, -1, withscores=True)]
+            elif kind == b"set":
+                found += list(client.smembers(name))
+            else:
+                raise AssertionError(f"unexpected key type {kind!r}")
+        assert found, f"no keys under {prefix}"
+        return b"\n".join(found)
+    finally:
+        client.close()
+
+
+def _redis_copy(url: str, prefix: str) -> dict[bytes, bytes]:
+    """Return a copy of every key of a prefix (DUMP), as a backup of the server would hold it."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return {name: client.dump(name) for name in client.scan_iter(prefix.encode() + b"*")}
+    finally:
+        client.close()
+
+
+def _redis_restore(url: str, copy: dict[bytes, bytes]) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        for name, value in copy.items():
+            client.restore(name, 0, value, replace=True)
+    finally:
+        client.close()
+
+
+@pytest.fixture(params=["lmdb", "redis"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
+    return Place(request.param, tmp_path)
+
+
+def fill(store: Any) -> None:
+    """Write every scope for two users, ada and bob, with a secret in each place."""
+    svc = SyncSessionService(store)
+    for user in ("ada", "bob"):
+        session = svc.create_session(
+            app_name="shop",
+            user_id=user,
+            session_id="s1",
+            state={
+                "plan": SECRETS["session"].decode() + user,
+                "user:card": SECRETS["user"].decode() + user,
+                "app:motd": SECRETS["app"].decode(),
+                "temp:scratch": SECRETS["temp"].decode(),
+            },
+        )
+        for index in range(3):
+            svc.append_event(
+                session,
+                ev(
+                    content={"text": SECRETS["event"].decode() + user, "i": index},
+                    delta={
+                        "last": SECRETS["delta"].decode() + user,
+                        "temp:t": SECRETS["temp"].decode(),
+                    },
+                ),
+            )
+
+
+def readable(store: Any, user: str) -> bool:
+    """Tell whether a user's session reads back whole, with its secrets."""
+    got = SyncSessionService(store).get_session(app_name="shop", user_id=user, session_id="s1")
+    assert got is not None
+    assert got.state["plan"] == SECRETS["session"].decode() + user
+    assert got.state["user:card"] == SECRETS["user"].decode() + user
+    assert "temp:scratch" not in got.state
+    assert [e.content["i"] for e in got.events] == [0, 1, 2]
+    return True
+
+
+def assert_erased(store: Any, user: str) -> None:
+    """Every read of an erased user's data raises KeyErasedError, saying the key was erased."""
+    svc = SyncSessionService(store)
+    with pytest.raises(KeyErasedError, match="erased"):
+        svc.get_session(app_name="shop", user_id=user, session_id="s1")
+    with pytest.raises(KeyErasedError, match="erased"):
+        store.read_user_state("shop", user)
+    with pytest.raises(KeyErasedError):
+        store.read_events("shop", user, "s1", 0, 10)
+
+
+def assert_no_plaintext(data: bytes, what: str) -> None:
+    for name, secret in SECRETS.items():
+        assert secret not in data, f"{name} plaintext found in {what}"
+    for key in (KEK, KEK.hex().encode(), OTHER_KEK, OTHER_KEK.hex().encode()):
+        assert key not in data, f"a key-encryption key found in {what}"
+
+
+# -- erasure -------------------------------------------------------------------
+
+
+def test_erasing_a_user_reaches_every_backup_dump_and_stale_copy(
+    place: Place, tmp_path: Path
+) -> None:
+    store = place.open()
+    fill(store)
+    dump = tmp_path / "before.ssd"
+    export_dump(store, dump)
+    if place.kind == "lmdb":
+        backup(store, tmp_path / "backup")
+    else:
+        stale = _redis_copy(place.server.url, f"{place.tag}-store")  # type: ignore[union-attr]
+    assert readable(store, "ada") and readable(store, "bob")
+
+    assert SyncSessionService(store).delete_user(app_name="shop", user_id="ada") == 1
+    assert readable(store, "bob")
+    store.close()
+
+    # The backup, restored, still holds ada's ciphertext: none of it reads.
+    if place.kind == "lmdb":
+        restored = open_store(
+            f"lmdb://{tmp_path / 'backup'}", encryption=Encryption(keys=place.keys, key=KEK)
+        )
+    else:
+        _redis_restore(place.server.url, stale)  # type: ignore[union-attr]
+        restored = place.open()
+    try:
+        assert restored.list_users("shop") == ["ada", "bob"]
+        assert_erased(restored, "ada")
+        assert readable(restored, "bob")
+        assert restored.read_app_state("shop") == {"motd": SECRETS["app"].decode()}
+        # What is left of ada is removed as any user is.
+        assert SyncSessionService(restored).delete_user(app_name="shop", user_id="ada") == 1
+    finally:
+        restored.close()
+
+    # The dump, imported elsewhere with the same key store: the same.
+    elsewhere = place.open("elsewhere")
+    try:
+        counts = import_dump(elsewhere, dump)
+        assert (counts.apps, counts.users, counts.sessions, counts.events) == (1, 2, 2, 6)
+        assert_erased(elsewhere, "ada")
+        assert readable(elsewhere, "bob")
+    finally:
+        elsewhere.close()
+
+
+def test_erasing_an_app_destroys_its_key_and_its_users_keys(place: Place, tmp_path: Path) -> None:
+    store = place.open()
+    fill(store)
+    SyncSessionService(store).create_session(app_name="other", user_id="ada", state={"k": 1})
+    dump = tmp_path / "d.ssd.gz"
+    export_dump(store, dump)
+    assert SyncSessionService(store).delete_app(app_name="shop") == 2
+    store.close()
+    elsewhere = place.open("elsewhere")
+    try:
+        import_dump(elsewhere, dump)
+        assert_erased(elsewhere, "ada")
+        assert_erased(elsewhere, "bob")
+        with pytest.raises(KeyErasedError):
+            elsewhere.read_app_state("shop")
+        # Another app of the same user keeps its own key.
+        [meta] = SyncSessionService(elsewhere).list_sessions(app_name="other").sessions
+        got = SyncSessionService(elsewhere).get_session(
+            app_name="other", user_id="ada", session_id=meta.id
+        )
+        assert got is not None and got.state == {"k": 1}
+    finally:
+        elsewhere.close()
+
+
+def test_a_user_created_again_after_erasure_gets_a_new_key(place: Place) -> None:
+    store = place.open()
+    try:
+        fill(store)
+        old = store.raw.load_session("shop", "ada", "s1", None, None).events[0]
+        SyncSessionService(store).delete_user(app_name="shop", user_id="ada")
+        fill_one = SyncSessionService(store).create_session(
+            app_name="shop", user_id="ada", session_id="s1", state={"plan": "new"}
+        )
+        assert fill_one.state == {"plan": "new", "app:motd": SECRETS["app"].decode()}
+        # The old record, put back where it was, is sealed under the erased key.
+        copy = SessionCopy("shop", "ada", "s2", 1.0, 1.0, [], [_raw_event(old)])
+        assert store.raw.restore_session(copy).result()
+        with pytest.raises(KeyErasedError, match="erased"):
+            store.load_session("shop", "ada", "s2", None, None)
+    finally:
+        store.close()
+
+
+def _raw_event(record: bytes) -> EventCopy:
+    from sessionscope.stores.records import event_copy
+
+    return event_copy(record)
+
+
+# -- tampering and moving --------------------------------------------------------
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+
+
+def test_a_tampered_or_moved_ciphertext_is_a_corrupt_store_error_naming_it(place: Place) -> None:
+    from sessionscope import codec
+
+    store = place.open()
+    try:
+        fill(store)
+        raw = store.raw
+        loaded = raw.load_session("shop", "ada", "s1", None, None)
+        record = codec.decode_event(loaded.events[1])
+        event_id = record["id"]
+        # One bit of the sealed bytes flipped, at the same place (ids, times).
+        tampered = dict(record, sealed=_flip(record["sealed"], 30))
+        copies = [_raw_event(e) for e in loaded.events]
+        copies[1] = EventCopy(event_id, copies[1].timestamp, codec.pack_event(tampered))
+        # Where it was (the same ids, in a copy of the store with the same keys).
+        elsewhere = place.open("elsewhere")
+        try:
+            copy = SessionCopy("shop", "ada", "s1", 1.0, 2.0, [], copies)
+            elsewhere.raw.restore_session(copy).result()
+            with pytest.raises(CorruptStoreError, match=rf"event '{event_id}'.*altered") as caught:
+                elsewhere.load_session("shop", "ada", "s1", None, None)
+            assert not isinstance(caught.value, KeyErasedError)
+            page = elsewhere.read_events("shop", "ada", "s1", 0, 1)
+            assert page is not None and len(page[1]) == 1  # the event before it reads
+        finally:
+            elsewhere.close()
+        # A state value moved to another session of the same user does not open.
+        plan = codec.pack(loaded.session_state["plan"])
+        raw.restore_session(
+            SessionCopy("shop", "ada", "u", 1.0, 2.0, [("plan", plan)], [])
+        ).result()
+        with pytest.raises(CorruptStoreError, match=r"state value 'plan'.*altered, or copied"):
+            store.load_session("shop", "ada", "u", 0, None)
+        # An untouched event moved to another session of the same user: refused too.
+        raw.restore_session(SessionCopy("shop", "ada", "moved", 1.0, 2.0, [], [copies[0]])).result()
+        with pytest.raises(CorruptStoreError, match=rf"event '{copies[0].event_id}'"):
+            store.load_session("shop", "ada", "moved", None, None)
+        # Moved to another user: that user has no such key.
+        raw.restore_session(SessionCopy("shop", "bob", "moved", 1.0, 2.0, [], [copies[0]])).result()
+        with pytest.raises(CorruptStoreError, match="copied from another user"):
+            store.load_session("shop", "bob", "moved", None, None)
+        # The user state value moved to another user's map.
+        card = raw.read_user_state("shop", "ada")["card"]
+        raw.write_user_state("shop", "bob", [("card", codec.pack(card))]).result()
+        with pytest.raises(CorruptStoreError, match="state value 'card'"):
+            store.read_user_state("shop", "bob")
+        # The rest of the store reads as before.
+        assert readable(store, "ada")
+    finally:
+        store.close()
+
+
+def test_a_byte_flipped_in_the_lmdb_file_is_a_corrupt_store_error(tmp_path: Path) -> None:
+    place = Place("lmdb", tmp_path)
+    store = place.open()
+    svc = SyncSessionService(store)
+    session = svc.create_session(app_name="shop", user_id="ada", session_id="s1")
+    svc.append_event(session, ev(content={"text": "x" * 64}))
+    from sessionscope import codec
+
+    sealed = codec.decode_event(store.raw.load_session("shop", "ada", "s1", None, None).events[0])[
+        "sealed"
+    ]
+    store.close()
+    data = (tmp_path / "store" / "data.mdb").read_bytes()
+    assert data.count(sealed) == 1
+    at = data.index(sealed) + len(sealed) // 2
+    (tmp_path / "store" / "data.mdb").write_bytes(_flip(data, at))
+    again = place.open()
+    try:
+        with pytest.raises(CorruptStoreError, match="altered"):
+            SyncSessionService(again).get_session(app_name="shop", user_id="ada", session_id="s1")
+        # verify checks the file below and authenticates every record through the key.
+        from sessionscope.admin.ops import check_store
+
+        report = check_store(again)
+        assert not report.clean and report.structural == "ok"
+        assert any("fails its authentication" in problem for problem in report.problems)
+    finally:
+        again.close()
+
+
+# -- keys at open --------------------------------------------------------------
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name == "data.mdb"}
+
+
+def test_a_wrong_or_missing_key_is_refused_at_open_before_anything_is_written(
+    place: Place, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = place.open()
+    fill(store)
+    store.close()
+    before = (place.raw_bytes(), place.key_bytes())
+    with pytest.raises(EncryptionKeyError, match="is not the one") as caught:
+        place.open(key=OTHER_KEK)
+    assert OTHER_KEK.hex() not in str(caught.value) and KEK.hex() not in str(caught.value)
+    monkeypatch.delenv("SESSIONSCOPE_TEST_KEK", raising=False)
+    with pytest.raises(EncryptionKeyError, match=r"SESSIONSCOPE_TEST_KEK.*not set"):
+        open_store(
+            place.uri(), encryption=Encryption(keys=place.keys, key_env="SESSIONSCOPE_TEST_KEK")
+        )
+    with pytest.raises(EncryptionKeyError, match="cannot be read"):
+        open_store(place.uri(), encryption=Encryption(keys=place.keys, key_file=tmp_path / "none"))
+    (tmp_path / "short").write_text("abcd")
+    with pytest.raises(EncryptionKeyError, match="not 32 bytes"):
+        open_store(place.uri(), encryption=Encryption(keys=place.keys, key_file=tmp_path / "short"))
+    # The right key, but another key store: refused, and that key store is not created.
+    other_keys = f"lmdb://{tmp_path / 'other-keys'}"
+    with pytest.raises((EncryptionKeyError, StoreNotFoundError), match="key store"):
+        open_store(place.uri(), encryption=Encryption(keys=other_keys, key=KEK))
+    assert not (tmp_path / "other-keys").exists()
+    # Opened without a key: refused, the message says it is encrypted.
+    with pytest.raises(IncompatibleStoreError, match=r"is encrypted.*without its key"):
+        open_store(place.uri())
+    assert (place.raw_bytes(), place.key_bytes()) == before
+    # The key from the environment or a file opens it.
+    monkeypatch.setenv("SESSIONSCOPE_TEST_KEK", KEK.hex())
+    again = open_store(
+        place.uri(), encryption=Encryption(keys=place.keys, key_env="SESSIONSCOPE_TEST_KEK")
+    )
+    try:
+        assert readable(again, "ada")
+    finally:
+        again.close()
+    key_file = tmp_path / "kek"
+    key_file.write_bytes(KEK)
+    query = f"key_file={key_file}&keys={_quote(place.keys)}"
+    joined = f"{place.uri()}{'&' if '?' in place.uri() else '?'}{query}"
+    again = open_store(joined)
+    try:
+        assert isinstance(again, EncryptedStore) and readable(again, "bob")
+    finally:
+        again.close()
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def test_a_plaintext_store_is_not_opened_encrypted_by_mistake(place: Place) -> None:
+    plain = open_store(place.uri())
+    SyncSessionService(plain).create_session(app_name="shop", user_id="ada", state={"k": 1})
+    plain.close()
+    before = place.raw_bytes()
+    with pytest.raises(IncompatibleStoreError, match="without encryption"):
+        place.open()
+    assert place.raw_bytes() == before
+    if place.kind == "lmdb":
+        assert not (place.base / "keys").exists()
+
+
+def test_a_plaintext_dump_is_sealed_on_its_way_into_an_encrypted_store(
+    place: Place, tmp_path: Path
+) -> None:
+    plain = open_store(place.uri("plain"))
+    fill(plain)
+    export_dump(plain, tmp_path / "plain.ssd")
+    store = place.open()
+    try:
+        import_dump(store, tmp_path / "plain.ssd")
+        assert readable(store, "ada")
+        assert_no_plaintext(place.raw_bytes(), "the store")
+        # The encrypted dump does not go below a plain store that is encrypted already
+        # with other keys, nor into the plain store holding plaintext.
+        export_dump(store, tmp_path / "enc.ssd")
+        with pytest.raises(DumpError, match="another key store"):
+            import_dump(plain, tmp_path / "enc.ssd")
+    finally:
+        store.close()
+        plain.close()
+
+
+# -- byte scans ------------------------------------------------------------------
+
+
+def test_no_file_holds_a_plaintext_value_or_key(place: Place, tmp_path: Path) -> None:
+    store = place.open()
+    fill(store)
+    # Retries and locked appends write too.
+    svc = SyncSessionService(store)
+    session = svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+    assert session is not None
+    again = ev(content={"text": SECRETS["event"].decode()}, delta={"x": SECRETS["delta"].decode()})
+    svc.append_event_locked(session, again)
+    svc.append_event(session, again)  # a retry: the same event, nothing written twice
+    export_dump(store, tmp_path / "d.ssd")
+    export_dump(store, tmp_path / "d.ssd.gz")
+    if place.kind == "lmdb":
+        backup(store, tmp_path / "backup")
+    store.close()
+    assert_no_plaintext(place.raw_bytes(), "the data")
+    assert_no_plaintext(place.key_bytes(), "the key store")
+    assert_no_plaintext((tmp_path / "d.ssd").read_bytes(), "the dump")
+    assert_no_plaintext(gzip.decompress((tmp_path / "d.ssd.gz").read_bytes()), "the .gz dump")
+    if place.kind == "lmdb":
+        assert_no_plaintext((tmp_path / "backup" / "data.mdb").read_bytes(), "the backup")
+    # Ids stay plaintext, as documented.
+    assert b"shop" in place.raw_bytes()
+
+
+# -- rotation --------------------------------------------------------------------
+
+
+class _FailingAfter:
+    """A key store that fails after ``count`` swaps: a rotation interrupted midway."""
+
+    def __init__(self, keys: Any, count: int) -> None:
+        self._keys = keys
+        self.where = keys.where
+        self._left = count
+
+    def swap(self, key: bytes, old: bytes, new: bytes) -> bool:
+        if key != b"meta":
+            if self._left == 0:
+                raise OSError("interrupted")
+            self._left -= 1
+        return bool(self._keys.swap(key, old, new))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._keys, name)
+
+
+def test_rotating_the_key_encryption_key_rewraps_every_data_key_and_resumes(
+    place: Place,
+) -> None:
+    store = place.open()
+    fill(store)
+    SyncSessionService(store).create_session(app_name="shop", user_id="cy", state={"k": 1})
+    store.close()
+    data_before = place.raw_bytes()
+    old, new = Kek(KEK), Kek(OTHER_KEK)
+    keys = open_key_store(place.keys)
+    try:
+        with pytest.raises(OSError, match="interrupted"):
+            rotate_kek(_FailingAfter(keys, 2), old, new)  # type: ignore[arg-type]
+    finally:
+        keys.close()
+    # Midway, the new key opens the store, but a user still under the old one says so.
+    midway = place.open(key=OTHER_KEK)
+    try:
+        with pytest.raises(EncryptionKeyError, match="rotation is unfinished"):
+            for user in ("ada", "bob", "cy"):
+                midway.read_user_state("shop", user)
+    finally:
+        midway.close()
+    # Resumed: the rest is re-wrapped; run again, nothing is left to do.
+    assert rotate_key(place.keys, old, new) == 2
+    assert rotate_key(place.keys, old, new) == 0
+    assert place.raw_bytes() == data_before  # the data was not rewritten
+    with pytest.raises(EncryptionKeyError, match="is not the one"):
+        place.open(key=KEK)
+    again = place.open(key=OTHER_KEK)
+    try:
+        assert readable(again, "ada") and readable(again, "bob")
+    finally:
+        again.close()
+
+
+def test_a_rotated_data_key_seals_new_writes_and_old_records_still_read(place: Place) -> None:
+    from sessionscope import codec
+    from sessionscope.crypto.envelope import split
+
+    store = place.open()
+    try:
+        fill(store)
+        first = split(
+            codec.decode_event(store.raw.load_session("shop", "ada", "s1", 1, None).events[0])[
+                "sealed"
+            ]
+        )[1]
+        new_id = store.rotate_data_key("shop", "ada")
+        assert new_id != first
+        svc = SyncSessionService(store)
+        session = svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert session is not None
+        svc.append_event(session, ev(content={"i": 3}, delta={"plan": "after"}))
+        latest = store.raw.load_session("shop", "ada", "s1", 1, None).events[0]
+        assert split(codec.decode_event(latest)["sealed"])[1] == new_id
+        got = svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert got is not None and [e.content["i"] for e in got.events] == [0, 1, 2, 3]
+        assert got.state["plan"] == "after"
+        assert store.rotate_data_key("shop") != 0  # the app's key
+        svc.create_session(app_name="shop", user_id="bob", state={"app:motd": "new"})
+        assert store.read_app_state("shop") == {"motd": "new"}
+    finally:
+        store.close()
+    again = place.open()
+    try:
+        got = SyncSessionService(again).get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert got is not None and len(got.events) == 4
+    finally:
+        again.close()
+
+
+# -- the async face, secrets in reprs ---------------------------------------------
+
+
+def test_the_async_service_reads_and_writes_an_encrypted_store(place: Place) -> None:
+    async def main() -> None:
+        svc = SessionService(place.open())
+        try:
+            session = await svc.create_session(
+                app_name="shop", user_id="ada", state={"user:card": "c", "app:a": 1}
+            )
+            await svc.append_event(session, ev(content={"i": 0}, delta={"k": "v"}))
+            await svc.append_event_locked(session, ev(content={"i": 1}))
+            got = await svc.get_session(app_name="shop", user_id="ada", session_id=session.id)
+            assert got is not None and [e.content["i"] for e in got.events] == [0, 1]
+            assert got.state == {"k": "v", "user:card": "c", "app:a": 1}
+            assert await svc.get_user_state(app_name="shop", user_id="ada") == {"card": "c"}
+            assert await svc.delete_user(app_name="shop", user_id="ada") == 1
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
+def test_no_key_appears_in_a_repr_or_message(place: Place, tmp_path: Path) -> None:
+    store = place.open()
+    try:
+        fill(store)
+        texts = [
+            repr(store),
+            repr(store.keyring),
+            repr(store.keyring.kek),
+            repr(Encryption(keys=place.keys, key=KEK)),
+            repr(kek_from(key=KEK)),
+        ]
+    finally:
+        store.close()
+    for text in texts:
+        for key in (KEK, KEK.hex(), repr(KEK)):
+            assert str(key) not in text
+    assert "key_id=" in repr(kek_from(key=KEK))
+
+
+def test_new_key_text_is_a_key_a_file_may_hold(tmp_path: Path) -> None:
+    text = new_key_text()
+    (tmp_path / "k").write_text(text + "\n")
+    os.chmod(tmp_path / "k", 0o600)
+    assert kek_from(key_file=tmp_path / "k").key_id == Kek(bytes.fromhex(text)).key_id
+
+
+def test_temp_values_are_applied_live_and_never_stored(place: Place) -> None:
+    store = place.open()
+    try:
+        svc = SyncSessionService(store)
+        session = svc.create_session(app_name="shop", user_id="ada")
+        event = Event(author="a", actions=EventActions(state_delta={"temp:x": "live", "k": 1}))
+        svc.append_event(session, event)
+        assert session.state["temp:x"] == "live"
+        got = svc.get_session(app_name="shop", user_id="ada", session_id=session.id)
+        assert got is not None and got.state == {"k": 1}
+    finally:
+        store.close()
+
+
+# -- the command line ----------------------------------------------------------------
+
+
+def test_the_command_line_needs_the_key_to_show_values_and_says_so(tmp_path: Path) -> None:
+    import json
+
+    from _stores import run_cli
+
+    place = Place("lmdb", tmp_path)
+    store = place.open()
+    fill(store)
+    store.close()
+    plain_uri = place.uri()
+    env = {"SESSIONSCOPE_TEST_KEK": KEK.hex()}
+    keyed = f"{plain_uri}?key_env=SESSIONSCOPE_TEST_KEK&keys={_quote(place.keys)}"
+    for command in (["show", plain_uri, "shop", "ada", "s1"], ["ls", plain_uri]):
+        done = run_cli(*command, extra_env=env)
+        assert done.returncode == 2, done.stderr
+        assert "is encrypted" in done.stderr and "key" in done.stderr
+        assert "Traceback" not in done.stderr
+    done = run_cli("show", keyed, "shop", "ada", "s1", "--json", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    assert SECRETS["session"].decode() + "ada" in done.stdout
+    done = run_cli("ls", keyed, "--json", extra_env=env)
+    apps = json.loads(done.stdout)["apps"]
+    assert done.returncode == 0 and [a["app"] for a in apps] == ["shop"], done.stdout
+    done = run_cli("verify", keyed, extra_env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_cli("backup", keyed, str(tmp_path / "copy"), extra_env=env)
+    assert done.returncode == 0, done.stderr
+    assert_no_plaintext((tmp_path / "copy" / "data.mdb").read_bytes(), "the backup")
+    # A wrong key: one line, exit non-zero, no key in it.
+    done = run_cli(
+        "show", keyed, "shop", "ada", "s1", extra_env={"SESSIONSCOPE_TEST_KEK": OTHER_KEK.hex()}
+    )
+    assert done.returncode != 0 and "is not the one" in done.stderr
+    assert OTHER_KEK.hex() not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rotate_key_on_the_command_line(tmp_path: Path) -> None:
+    import json
+
+    from _stores import run_cli
+
+    place = Place("lmdb", tmp_path)
+    store = place.open()
+    fill(store)
+    store.close()
+    (tmp_path / "old").write_text(KEK.hex())
+    env = {"NEW_KEK": OTHER_KEK.hex()}
+    args = ["rotate-key", place.keys, "--old-key-file", str(tmp_path / "old")]
+    done = run_cli(*args, "--new-key-env", "NEW_KEK", "--json", extra_env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rewrapped"] == 3 and report["new_key_id"] == Kek(OTHER_KEK).key_id
+    again = run_cli(*args, "--new-key-env", "NEW_KEK", extra_env=env)
+    assert again.returncode == 0 and again.stdout.startswith("0 data-key records"), again.stderr
+    store = place.open(key=OTHER_KEK)
+    try:
+        assert readable(store, "ada")
+    finally:
+        store.close()
+    missing = run_cli(*args, "--new-key-env", "UNSET_NEW_KEK")
+    assert missing.returncode != 0 and "UNSET_NEW_KEK" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_a_locked_append_awaited_again_after_a_cancellation_opens_its_answer_once(
+    place: Place,
+) -> None:
+    """The live session is brought up to date from the store's answer, opened once."""
+
+    async def main() -> None:
+        svc = SessionService(
+            place.open(durability="deferred") if place.kind == "lmdb" else place.open()
+        )
+        try:
+            session = await svc.create_session(app_name="shop", user_id="ada")
+            other = await svc.get_session(app_name="shop", user_id="ada", session_id=session.id)
+            assert other is not None
+            await svc.append_event(other, ev(content={"i": 0}, delta={"k": 1}))
+            # The store's answer carries the event the live copy missed (sealed).
+            result = svc.store.aio.append(
+                svc._core.prepare_append(session, ev(content={"i": 1}), True)
+            )
+            first = await result
+            again = await result
+            assert first is again
+            from sessionscope import codec
+
+            # Opened once: the records are the plaintext ones, not sealed twice or opened twice.
+            missed = [codec.decode_event(record) for record in first.missed_events]
+            assert missed[0]["content"]["i"] == 0
+            assert "sealed" not in missed[0]
+            assert first.stored_state.session_state == {"k": 1}
+        finally:
+            await svc.close()
+
+    asyncio.run(main())

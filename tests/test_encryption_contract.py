@@ -1,0 +1,65 @@
+"""The session contract, retention and dumps again, on every kind of store opened encrypted.
+
+The tests of test_contract.py, test_retention.py, test_service_sync_async.py,
+test_dump.py and test_migrate.py (where google-adk runs) that take a store
+from ``store_factory`` run here once more, with this module's
+``store_factory``: memory, LMDB and Redis, each wrapped in an
+``EncryptedStore`` (sessionscope.crypto) with its key store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _stores
+import test_contract
+import test_dump
+import test_retention
+import test_service_sync_async
+from _stores import ENCRYPTED_KINDS, StoreFactory, redis_url
+
+pytest.importorskip("cryptography")
+
+_FIXTURES = {"store_factory", "svc", "asvc"}
+# Tests whose targets are plain stores: an encrypted dump imports only into a
+# store encrypted with the same key store (test_encryption.py checks that).
+_PLAIN_TARGETS = {"test_round_trip_is_exact"}
+
+
+@pytest.fixture(params=ENCRYPTED_KINDS)
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Yield a factory of encrypted stores of one kind, all closed afterwards."""
+    factory = StoreFactory(request.param, tmp_path, redis_url(request, request.param))
+    try:
+        yield factory
+    finally:
+        factory.close_all()
+
+
+svc = _stores.svc
+asvc = _stores.asvc
+
+_MODULES: list[Any] = [test_contract, test_retention, test_service_sync_async, test_dump]
+# Migration from google-adk into encrypted stores, where google-adk runs.
+if importlib.util.find_spec("google.adk") is not None:
+    import test_migrate
+
+    _MODULES.append(test_migrate)
+    adk_sources = test_migrate.adk_sources
+
+for _module in _MODULES:
+    for _name, _test in vars(_module).items():
+        if (
+            _name.startswith("test_")
+            and callable(_test)
+            and _name not in _PLAIN_TARGETS
+            and _FIXTURES & set(inspect.signature(_test).parameters)
+        ):
+            globals()[_name] = _test
+good_dump = test_dump.good_dump
