@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import _redis
-from _stores import ev
+from _stores import ev, run
 from sessionscope import Event, EventActions, SessionService, SyncSessionService
 from sessionscope.admin.dump import export_dump, import_dump
 from sessionscope.admin.ops import backup
@@ -514,6 +514,23 @@ def test_no_file_holds_a_plaintext_value_or_key(place: Place, tmp_path: Path) ->
         assert_no_plaintext((tmp_path / "backup" / "data.mdb").read_bytes(), "the backup")
     # Ids stay plaintext, as documented.
     assert b"shop" in place.raw_bytes()
+
+
+def test_openai_agents_items_are_sealed_and_a_pop_opens_them(place: Place) -> None:
+    agents = pytest.importorskip("sessionscope.openai_agents")
+    store = place.open()
+    item = {"role": "user", "content": SECRETS["event"].decode(), "raw": SECRETS["delta"]}
+    session = agents.AgentsSession("chat", store, user_id="ada")
+    run(session.add_items([{"role": "user", "content": "first"}, item]))
+    assert run(session.get_items()) == [{"role": "user", "content": "first"}, item]
+    assert_no_plaintext(place.raw_bytes(), "the data")
+    # The popped item comes back opened, once, and is gone from the store.
+    assert run(session.pop_item()) == item
+    assert run(session.get_items()) == [{"role": "user", "content": "first"}]
+    # Erasing the user reaches the items too.
+    store.delete_user("openai-agents", "ada").result()
+    assert run(session.get_items()) == []
+    store.close()
 
 
 # -- rotation --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The session contract, retention and dumps again, on every kind of store opened encrypted.
 
 The tests of test_contract.py, test_retention.py, test_service_sync_async.py,
-test_dump.py and test_migrate.py (where google-adk runs) that take a store
+test_dump.py, test_migrate.py (where google-adk runs) and test_openai_agents.py
+(where the OpenAI Agents SDK runs) that take a store
 from ``store_factory`` run here once more, with this module's
 ``store_factory``: memory, LMDB and Redis, each wrapped in an
 ``EncryptedStore`` (sessionscope.crypto) with its key store.
@@ -52,6 +53,12 @@ if importlib.util.find_spec("google.adk") is not None:
 
     _MODULES.append(test_migrate)
     adk_sources = test_migrate.adk_sources
+
+# The OpenAI Agents SDK's Session on encrypted stores, where the SDK is installed.
+if importlib.util.find_spec("agents") is not None:
+    import test_openai_agents
+
+    _MODULES.append(test_openai_agents)
 
 for _module in _MODULES:
     for _name, _test in vars(_module).items():

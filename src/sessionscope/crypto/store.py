@@ -603,6 +603,24 @@ class EncryptedStore:
         """Remove old events; see ``Store.truncate_events``."""
         return self._inner.truncate_events(app_name, user_id, session_id, before, keep_last)
 
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Completion[list[bytes]]:
+        """Remove a session's newest events and return them, opened; see ``Store.pop_events``."""
+        return _Then(
+            self._inner.pop_events(app_name, user_id, session_id, count),
+            self._open_popped(app_name, user_id, session_id),
+        )
+
+    def _open_popped(
+        self, app_name: str, user_id: str, session_id: str
+    ) -> Callable[[list[bytes]], list[bytes]]:
+        def then(records: list[bytes]) -> list[bytes]:
+            scope = user_scope(app_name, user_id)
+            return [self.open_event(app_name, user_id, session_id, e, scope) for e in records]
+
+        return then
+
     def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
         """Delete idle sessions; see ``Store.expire_sessions``."""
         return self._inner.expire_sessions(app_name, idle_before)
@@ -738,6 +756,14 @@ class _AsyncEncrypted:
 
     async def truncate_events(self, *args: Any) -> int:
         return int(await self._aio.truncate_events(*args))
+
+    def pop_events(
+        self, app_name: str, user_id: str, session_id: str, count: int
+    ) -> Awaitable[list[bytes]]:
+        return _Then(
+            self._aio.pop_events(app_name, user_id, session_id, count),
+            self._store._open_popped(app_name, user_id, session_id),
+        )
 
     async def expire_sessions(self, *args: Any) -> int:
         return int(await self._aio.expire_sessions(*args))
