@@ -33,7 +33,7 @@ else:
         from ..._speedups import _no_cython as cython
 
 from ...codec import pack
-from ...core import compiled_or_twin, sized_key
+from ...core import compiled_or_twin, sized_key, timed_record
 from ..records import (
     AppendBatch,
     AppendRequest,
@@ -279,8 +279,8 @@ class _BatchSession:
     The record's counters live here during the batch, as C fields of a
     compiled build, and go back into the record when the batch writes it
     (``settle``). The session's entries wait here too, so that the batch
-    writes them in key order, session after session, where LMDB finds each
-    next key on the page of the last one rather than from the root.
+    writes them session after session, its events in key order, where LMDB
+    finds each next key on the page of the last one rather than from the root.
     """
 
     record: SessionRecord
@@ -460,7 +460,9 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
             layout.start_time_index(txn, dbs, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else U64.pack(count)
-        session.events.append((session.event_prefix + seq, layout.event_value(timestamp, event)))
+        # layout.event_value's value (the time, then the record), made here
+        # directly: a batch's records are bytes, and this runs for every event.
+        session.events.append((session.event_prefix + seq, timed_record(timestamp, event)))
         session.index.append((id_key, seq))
         if session.timed:
             session.index.append(
@@ -506,17 +508,19 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
 
 @cython.cfunc
 def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cython.bint) -> None:
-    """Write the entries the sessions of a batch hold so far, in key order, and forget them.
+    """Write the entries the sessions of a batch hold so far, session by session, and forget them.
 
     Keys start with the session's number, then the kind: events (b"e", by
-    position), the id index (b"i"), state (b"s"), the time index (b"t").
+    position, so in key order), the id index (b"i") and time index (b"t")
+    in the order the events came, state (b"s"). Event ids are random:
+    sorting a session's index entries first cost more than the pages it
+    spared LMDB's search (a batch of rich events took about 10% longer).
     ``with_state``: the state entries too (the batch's last call).
     """
     puts: list[tuple[bytes, bytes]] = []
     session: _BatchSession
     for session in sorted(sessions.values(), key=_number_of):
         puts += session.events
-        session.index.sort()
         puts += session.index
         if with_state and session.session_state:
             _add_items(puts, session.number + STATE, session.session_state.items())
