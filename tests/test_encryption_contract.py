@@ -46,16 +46,25 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
 svc = _stores.svc
 asvc = _stores.asvc
 
+
+def _installed(name: str) -> bool:
+    """Tell whether a module can be imported (False where not even its parent package is)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # "google.adk" without the google namespace (Python 3.10)
+        return False
+
+
 _MODULES: list[Any] = [test_contract, test_retention, test_service_sync_async, test_dump]
 # Migration from google-adk into encrypted stores, where google-adk runs.
-if importlib.util.find_spec("google.adk") is not None:
+if _installed("google.adk"):
     import test_migrate
 
     _MODULES.append(test_migrate)
     adk_sources = test_migrate.adk_sources
 
 # The OpenAI Agents SDK's Session on encrypted stores, where the SDK is installed.
-if importlib.util.find_spec("agents") is not None:
+if _installed("agents"):
     import test_openai_agents
 
     _MODULES.append(test_openai_agents)
