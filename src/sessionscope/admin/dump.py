@@ -48,7 +48,14 @@ from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
 from ..errors import DumpError
 from ..service.core import check_id, check_session_id
 from ..stores.protocol import Store
-from ..stores.records import EventCopy, SessionCopy, SessionRecord, copies_equal, event_copy
+from ..stores.records import (
+    ENCRYPTION_MARKER_APP,
+    EventCopy,
+    SessionCopy,
+    SessionRecord,
+    copies_equal,
+    event_copy,
+)
 from ..stores.rules import check_copy, finite_float
 from .ops import SessionChangedError, event_pages, session_records
 from .outfile import output_file
@@ -143,12 +150,12 @@ def export_dump(
         writer = _Writer(raw, compress=Path(out).name.endswith(".gz"), progress=progress)
         writer.write([MAGIC, DUMP_FORMAT, {"app_name": app_name, "user_id": user_id}])
         if marker:
-            writer.app(_MARKER_APP, marker)
+            writer.app(ENCRYPTION_MARKER_APP, marker)
         # An app the store does not know gives an empty dump, not an empty app.
         apps = [
             app
             for app in store.list_apps()
-            if (app_name is None or app == app_name) and app != _MARKER_APP
+            if (app_name is None or app == app_name) and app != ENCRYPTION_MARKER_APP
         ]
         for app in apps:
             users = store.list_users(app)
@@ -217,7 +224,7 @@ class _Writer:
 
     def app(self, app_name: str, state: dict[str, Any]) -> None:
         self.write(["app", app_name, {key: pack(value) for key, value in state.items()}])
-        if app_name != _MARKER_APP:  # the encryption marker is not an app
+        if app_name != ENCRYPTION_MARKER_APP:  # the encryption marker is not an app
             self._apps.add(app_name)
         self._tick(1)
 
@@ -355,8 +362,6 @@ def holds_only_dump(store: Store, source: str | os.PathLike[str]) -> bool:
     return matched == stored_sessions and not leftover
 
 
-# The app whose app state marks an encrypted store (sessionscope.crypto.store).
-_MARKER_APP = "\x00sessionscope:encryption"
 
 
 def _encrypted_store(store: Store) -> Any:
@@ -371,7 +376,7 @@ def _ciphertext_of(store: Store) -> tuple[Store, dict[str, Any]]:
     """Return the store holding what a dump copies, and its encryption marker ({}: none)."""
     encrypted = _encrypted_store(store)
     below: Store = store if encrypted is None else encrypted.raw
-    return below, below.read_app_state(_MARKER_APP)
+    return below, below.read_app_state(ENCRYPTION_MARKER_APP)
 
 
 def _dump_marker(path: Path) -> dict[str, Any]:
@@ -379,7 +384,7 @@ def _dump_marker(path: Path) -> dict[str, Any]:
     items = _items(path)
     try:
         for item in items:
-            if item[0] == "app" and item[1] == _MARKER_APP:
+            if item[0] == "app" and item[1] == ENCRYPTION_MARKER_APP:
                 return {key: unpack(value) for key, value in item[2]}
             return {}
     finally:
@@ -398,7 +403,7 @@ def _import_target(store: Store, path: Path) -> Store:
     marker = _dump_marker(path)
     encrypted = _encrypted_store(store)
     below: Store = store if encrypted is None else encrypted.raw
-    stored = below.read_app_state(_MARKER_APP)
+    stored = below.read_app_state(ENCRYPTION_MARKER_APP)
     if not marker:
         if stored and encrypted is None:
             raise DumpError(f"{path}: a dump of plaintext cannot go below an encrypted store")
@@ -419,7 +424,7 @@ def _check(store: Store | None, path: Path) -> DumpCounts:
     users = sessions = events = 0
     for item in _items(path):
         if item[0] == "app":
-            if item[1] != _MARKER_APP:
+            if item[1] != ENCRYPTION_MARKER_APP:
                 apps.add(item[1])
         elif item[0] == "user":
             apps.add(item[1])
@@ -471,7 +476,7 @@ def _items(path: Path) -> Generator[tuple[Any, ...], None, None]:
                 return
             if kind == "app" and _shape(record, str, str, dict):
                 app = _id(reader, record[1], "app_name")
-                if app != _MARKER_APP:
+                if app != ENCRYPTION_MARKER_APP:
                     app_names.add(app)
                 yield ("app", app, _items_of(reader, record[2], None, f"app {app!r}"))
             elif kind == "user" and _shape(record, str, str, str, dict):

@@ -34,6 +34,7 @@ from ..errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreErr
 from ..stores.completion import Completion
 from ..stores.protocol import Store
 from ..stores.records import (
+    ENCRYPTION_MARKER_APP,
     AppendBatch,
     AppendRequest,
     AppendResult,
@@ -58,9 +59,8 @@ __all__ = ["MARKER_APP", "EncryptedStore", "Encryption", "marker_of", "open_encr
 T = TypeVar("T")
 U = TypeVar("U")
 
-# The app whose app state marks a store as encrypted; NUL first, so no
-# listing shows it and it sorts before every other app.
-MARKER_APP = "\x00sessionscope:encryption"
+# The app whose app state marks a store as encrypted (defined with the records).
+MARKER_APP = ENCRYPTION_MARKER_APP
 MARKER_FORMAT = 1
 
 

@@ -10,12 +10,10 @@ from .completion import Completion
 from .lmdb.store import LmdbStore
 from .memory import MemoryStore
 from .protocol import Store
+from .records import ENCRYPTION_MARKER_APP
 from .uri import ENCRYPTION_OPTIONS, SCHEMES, StoreSpec, parse_store_uri, redact
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store", "redact"]
-
-# The app whose app state marks a store's data as encrypted (see crypto/store.py).
-_MARKER_APP = "\x00sessionscope:encryption"
 
 
 def open_store(uri: str, *, create: bool = True, encryption: Any = None, **options: Any) -> Store:
@@ -45,7 +43,7 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
     store = _open_plain(spec, create, merged)
     try:
         if encryption is None:
-            if store.read_app_state(_MARKER_APP):
+            if store.read_app_state(ENCRYPTION_MARKER_APP):
                 raise IncompatibleStoreError(
                     f"{redact(uri)} is encrypted: it cannot be read or written without its key",
                     hint="give its key-encryption key and key store: key_file= or key_env=, "

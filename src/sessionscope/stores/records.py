@@ -13,6 +13,7 @@ from typing import Any
 from ..codec import events_equal
 
 __all__ = [
+    "ENCRYPTION_MARKER_APP",
     "AppendBatch",
     "AppendRequest",
     "AppendResult",
@@ -32,6 +33,10 @@ __all__ = [
     "result_of_batch",
 ]
 
+# The app whose app state marks a store's data as encrypted (sessionscope.crypto
+# writes it; opening and dumps look for it): NUL first, so no listing shows it
+# and it sorts before every other app.
+ENCRYPTION_MARKER_APP = "\x00sessionscope:encryption"
 # Packed state items: (key without prefix, packed value).
 Items = list[tuple[str, bytes]]
 # Where a session stands in a listing: (last_update_time, user_id, session_id).
