@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codec import decode_values
-from ..errors import AlreadyExistsError, SessionNotFoundError, StoreClosedError
+from ..errors import AlreadyExistsError, StoreClosedError
 from .completion import Completion
 from .expiry import Expirer
 from .protocol import InlineAsyncStore
@@ -41,6 +41,7 @@ from .rules import (
     check_ttl,
     events_seen,
     page_records,
+    session_not_found,
 )
 
 __all__ = ["MemoryStore"]
@@ -306,7 +307,7 @@ class MemoryStore:
             self._check_open()
             stored = self._find(app_name, user_id, session_id)
             if stored is None:
-                return Completion.failed(_not_found(app_name, user_id, session_id))
+                return Completion.failed(session_not_found(app_name, user_id, session_id))
             count = len(stored.events)
             if keep_last is not None:
                 keep = [i >= count - keep_last for i in range(count)]
@@ -330,7 +331,7 @@ class MemoryStore:
             self._check_open()
             stored = self._find(app_name, user_id, session_id)
             if stored is None:
-                return Completion.failed(_not_found(app_name, user_id, session_id))
+                return Completion.failed(session_not_found(app_name, user_id, session_id))
             keep = max(0, len(stored.events) - count)
             popped = stored.events[keep:]
             for record_bytes in popped:
@@ -465,10 +466,6 @@ def _copy_of(stored: _StoredSession) -> SessionCopy:
     return SessionCopy.of_record(stored.record, list(stored.state.items()), events)
 
 
-def _not_found(app_name: str, user_id: str, session_id: str) -> SessionNotFoundError:
-    return SessionNotFoundError(
-        f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
-    )
 
 
 def _copy(record: SessionRecord) -> SessionRecord:

@@ -39,7 +39,15 @@ __all__ = [
     "marker_position",
     "page_records",
     "repeat_result",
+    "session_not_found",
 ]
+
+
+def session_not_found(app_name: str, user_id: str, session_id: str) -> SessionNotFoundError:
+    """Return the error of a session that does not exist (every store raises this one)."""
+    return SessionNotFoundError(
+        f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+    )
 
 # -- retention -------------------------------------------------------------
 #
@@ -88,10 +96,7 @@ def check_append(
     the one right after the caller's copy (see ``repeat_result``).
     """
     if record is None:
-        raise SessionNotFoundError(
-            f"session {request.session_id!r} of user {request.user_id!r} in app "
-            f"{request.app_name!r} does not exist"
-        )
+        raise session_not_found(request.app_name, request.user_id, request.session_id)
     if stored_event is not None:
         if events_equal(stored_event, request.event):
             return repeat_result(request, record.number, stored_seq)

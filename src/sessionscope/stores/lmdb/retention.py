@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import SessionNotFoundError
 from ..completion import Completion
 from ..records import event_copy
-from ..rules import BATCH_EVENTS, BATCH_SECONDS, BATCH_SESSIONS
+from ..rules import BATCH_EVENTS, BATCH_SECONDS, BATCH_SESSIONS, session_not_found
 from .layout import (
     APP,
     EVENT,
@@ -67,9 +67,7 @@ def truncate_events(
     def batch(txn: Any) -> tuple[int, bool]:
         record = read_record(txn, writer.dbs, app_name, user_id, session_id)
         if record is None or (first and record.number != first[0]):
-            raise SessionNotFoundError(
-                f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
-            )
+            raise session_not_found(app_name, user_id, session_id)
         if not first:
             first.append(record.number)
         number = U64.pack(record.number)
@@ -155,9 +153,7 @@ def pop_events(
         dbs = writer.dbs
         record = read_record(txn, dbs, app_name, user_id, session_id)
         if record is None:
-            raise SessionNotFoundError(
-                f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
-            )
+            raise session_not_found(app_name, user_id, session_id)
         number = U64.pack(record.number)
         prefix = number + EVENT
         cursor = txn.cursor(db=dbs.data)

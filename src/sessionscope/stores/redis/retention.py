@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from ...errors import SessionNotFoundError
-from ..rules import BATCH_EVENTS, BATCH_SESSIONS
+from ..rules import BATCH_EVENTS, BATCH_SESSIONS, session_not_found
 from .common import _FN, Command, Plan, _number_text
 from .sessions import SessionPlans
 
@@ -33,9 +32,7 @@ class RetentionPlans(SessionPlans):
             (reply,) = yield [call]
             gone = int(reply)
             if gone < 0:
-                raise SessionNotFoundError(
-                    f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
-                )
+                raise session_not_found(app_name, user_id, session_id)
             removed += gone
             if gone < BATCH_EVENTS:
                 return removed
@@ -52,9 +49,7 @@ class RetentionPlans(SessionPlans):
             ("FCALL", _FN + "pop", 6, rec, events, ids, times, positions, names, count, token)
         ]
         if reply is None:
-            raise SessionNotFoundError(
-                f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
-            )
+            raise session_not_found(app_name, user_id, session_id)
         return [bytes(record) for record in reply]
 
     def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:
