@@ -79,19 +79,11 @@ def _loop(count: int, step: Callable[[int], Any]) -> None:
 
 def _native_sync(uri: str, total: int, count: int, bulk: bool = False) -> None:
     from sessionscope import SyncSessionService
-    from sessionscope.bench.replay import native_event
-    from sessionscope.bench.speed import _fresh
+    from sessionscope.bench.speed import live_appends
 
     work = _workload(total)
     with SyncSessionService(uri) as service:
-        live = {
-            key: service.create_session(
-                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
-            )
-            for key, state in work.creates
-        }
-        events = [(live[k], native_event(_fresh(r)), second) for k, r, second in work.appends]
-        events = events[:total]
+        events = live_appends(service, work)[:total]
         if bulk:
             _loop(1 if count else 0, lambda _: service.append_many([e[:2] for e in events]))
             return
@@ -110,7 +102,7 @@ def _async(make_service: Callable[[], Any], native: bool, total: int, count: int
            read: int | None = None) -> None:  # fmt: skip
     """Append (or, with ``read``, fill then read) on an async service: native or ADK's."""
     from sessionscope.bench.replay import native_event
-    from sessionscope.bench.speed import _fresh
+    from sessionscope.bench.speed import live_appends_async
 
     work = _workload(total)
     if native:
@@ -126,19 +118,14 @@ def _async(make_service: Callable[[], Any], native: bool, total: int, count: int
 
     async def main() -> None:
         service = make_service()
-        live = {}
-        for key, state in work.creates:
-            live[key] = await service.create_session(
-                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
-            )
-        events = [(live[k], make_event(_fresh(r)), second) for k, r, second in work.appends]
+        events = await live_appends_async(service, work, make_event)
         if read is None:
             events = events[:total]
         else:
             for session, event, _ in events:
                 await service.append_event(session, event)
             events = []
-        keys = list(live)
+        keys = [key for key, _ in work.creates]
         config = config_class(num_recent_events=read) if read else None
         gc.collect()
         gc.disable()

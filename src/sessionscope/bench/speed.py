@@ -44,6 +44,8 @@ __all__ = [
     "SpeedConfig",
     "SpeedReport",
     "Workload",
+    "live_appends",
+    "live_appends_async",
     "measure",
     "mix_spec",
     "raw_txn",
@@ -275,6 +277,38 @@ def _fresh(record: dict[str, Any]) -> dict[str, Any]:
     return copied
 
 
+Append = tuple[Any, Any, bool]
+
+
+def live_appends(
+    service: Any, work: Workload, make_event: Callable[[dict[str, Any]], Any] = native_event
+) -> list[Append]:
+    """Create a workload's sessions on a sync service; return its appends, ready to send.
+
+    Each append is (the live session, a fresh event, whether a second writer
+    sends it), in the workload's order.
+    """
+    live = {
+        key: service.create_session(
+            app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
+        )
+        for key, state in work.creates
+    }
+    return [(live[key], make_event(_fresh(r)), second) for key, r, second in work.appends]
+
+
+async def live_appends_async(
+    service: Any, work: Workload, make_event: Callable[[dict[str, Any]], Any]
+) -> list[Append]:
+    """As ``live_appends``, on an async service (sessionscope's or google-adk's)."""
+    live = {}
+    for key, state in work.creates:
+        live[key] = await service.create_session(
+            app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
+        )
+    return [(live[key], make_event(_fresh(r)), second) for key, r, second in work.appends]
+
+
 async def _timed_appends(service: Any, session: Any, events: list[Any]) -> list[int]:
     """Time ``append_event`` of each event on one session (an async service)."""
     clock = time.perf_counter_ns
@@ -291,13 +325,9 @@ async def _async_run(
     locked: bool, get_config: Callable[[int | None], Any] | None,
 ) -> dict[str, list[int]]:  # fmt: skip
     """Create the sessions, time every append (and then two reads of each session)."""
-    live = {}
-    for key, state in work.creates:
-        live[key] = await service.create_session(
-            app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
-        )
     events = [
-        (live[key], make_event(_fresh(r)), second and locked) for key, r, second in work.appends
+        (session, event, second and locked)
+        for session, event, second in await live_appends_async(service, work, make_event)
     ]
     clock = time.perf_counter_ns
     appends: list[int] = []
@@ -314,7 +344,7 @@ async def _async_run(
             whole: list[int] = []
             recent: list[int] = []
             full, last = get_config(None), get_config(10)
-            for app, user, sid in live:
+            for app, user, sid in (key for key, _ in work.creates):
                 begin = clock()
                 await service.get_session(app_name=app, user_id=user, session_id=sid, config=full)
                 whole.append(clock() - begin)
@@ -344,13 +374,7 @@ def native_async(uri: str, work: Workload, gets: bool = False) -> dict[str, list
 def native_sync(uri: str, work: Workload) -> tuple[list[int], bool]:
     """Time the native sync service's appends; also say whether the store wrote through its map."""
     with SyncSessionService(uri) as service:
-        live = {
-            key: service.create_session(
-                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
-            )
-            for key, state in work.creates
-        }
-        events = [(live[key], native_event(_fresh(r)), second) for key, r, second in work.appends]
+        events = live_appends(service, work)
         clock = time.perf_counter_ns
         samples = []
         with collector_paused():
@@ -557,13 +581,7 @@ def _bulk_rate(config: SpeedConfig, directory: Path, number: int) -> float:
     work = Workload.of(mix_spec(config.bulk_sessions, number))
     uri = f"lmdb://{directory / f'bulk-{number}'}?durability=deferred"
     with SyncSessionService(uri) as service:
-        live = {
-            key: service.create_session(
-                app_name=key[0], user_id=key[1], state=dict(state), session_id=key[2]
-            )
-            for key, state in work.creates
-        }
-        pairs = [(live[key], native_event(_fresh(r))) for key, r, _ in work.appends]
+        pairs = [(session, event) for session, event, _ in live_appends(service, work)]
         # Timed as a replay times its batches: the prepared events are the
         # benchmark's own objects, kept out of the collector's passes.
         with collector_paused():
