@@ -27,6 +27,9 @@ from _stores import ENCRYPTED_KINDS, StoreFactory, redis_url
 
 pytest.importorskip("cryptography")
 
+# CI runs these on one Python, compiled and pure (see the marker in pyproject.toml).
+pytestmark = pytest.mark.encrypted_kinds
+
 _FIXTURES = {"store_factory", "svc", "asvc"}
 # Tests whose targets are plain stores: an encrypted dump imports only into a
 # store encrypted with the same key store (test_encryption.py checks that).
