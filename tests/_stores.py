@@ -168,9 +168,8 @@ def redis_url(request: pytest.FixtureRequest, kind: str) -> str | None:
     return None
 
 
-@pytest.fixture(params=STORE_KINDS)
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    """Yield a factory of stores of one kind, all closed afterwards."""
+def factory_of_param(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Yield a factory of stores of the kind a fixture is parametrized with; close them after."""
     factory = StoreFactory(request.param, tmp_path, redis_url(request, request.param))
     try:
         yield factory
@@ -178,14 +177,16 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
         factory.close_all()
 
 
+@pytest.fixture(params=STORE_KINDS)
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Yield a factory of stores of one kind, all closed afterwards."""
+    yield from factory_of_param(request, tmp_path)
+
+
 @pytest.fixture(params=LMDB_KINDS)
 def lmdb_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Yield a factory of LMDB stores (both durabilities), all closed afterwards."""
-    factory = StoreFactory(request.param, tmp_path)
-    try:
-        yield factory
-    finally:
-        factory.close_all()
+    yield from factory_of_param(request, tmp_path)
 
 
 @pytest.fixture

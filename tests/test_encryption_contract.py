@@ -23,7 +23,7 @@ import test_contract
 import test_dump
 import test_retention
 import test_service_sync_async
-from _stores import ENCRYPTED_KINDS, StoreFactory, redis_url
+from _stores import ENCRYPTED_KINDS, StoreFactory
 
 pytest.importorskip("cryptography")
 
@@ -39,11 +39,7 @@ _PLAIN_TARGETS = {"test_round_trip_is_exact"}
 @pytest.fixture(params=ENCRYPTED_KINDS)
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     """Yield a factory of encrypted stores of one kind, all closed afterwards."""
-    factory = StoreFactory(request.param, tmp_path, redis_url(request, request.param))
-    try:
-        yield factory
-    finally:
-        factory.close_all()
+    yield from _stores.factory_of_param(request, tmp_path)
 
 
 svc = _stores.svc
