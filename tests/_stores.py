@@ -107,7 +107,7 @@ class StoreFactory:
             store = open_store(self.uri, **self._redis_encryption(), **kwargs)
         else:
             kwargs.setdefault("durability", self.durability)
-            store = LmdbStore(self.path, **kwargs)
+            store = LmdbStore(self.path, encrypted_ok=self.encrypted, **kwargs)
         store = self._encrypted(store)
         self._opened.append(store)
         return store
@@ -138,7 +138,8 @@ class StoreFactory:
             self._opened.append(store)
             return store
         kwargs.setdefault("durability", self.durability)
-        store = self._encrypted(LmdbStore(self.path.with_name(name), **kwargs))
+        path = self.path.with_name(name)
+        store = self._encrypted(LmdbStore(path, encrypted_ok=self.encrypted, **kwargs))
         self._opened.append(store)
         return store
 

@@ -455,6 +455,52 @@ def _quote(text: str) -> str:
     return quote(text, safe="")
 
 
+def _keyless_opens(place: Place) -> list[Any]:
+    """Every way of opening the place's store without its key: each call opens it once."""
+    from importlib.util import find_spec
+
+    if place.server is not None:
+        from sessionscope.stores.redis.store import RedisStore
+
+        return [
+            lambda: RedisStore(place.server.url, prefix=f"{place.tag}-store"),  # type: ignore[union-attr]
+            lambda: SyncSessionService(place.uri()),
+        ]
+    from sessionscope.stores import LmdbStore
+
+    path = place.base / "store"
+    opens: list[Any] = [lambda: LmdbStore(path), lambda: SyncSessionService(place.uri())]
+    if find_spec("google") is not None and find_spec("google.adk") is not None:
+        from sessionscope.adk import LmdbSessionService
+
+        opens.append(lambda: LmdbSessionService(path))
+    return opens
+
+
+def test_an_encrypted_store_is_refused_by_every_way_of_opening_it_without_its_key(
+    place: Place,
+) -> None:
+    store = place.open()
+    fill(store)
+    store.close()
+    before = place.raw_bytes()
+    for open_without_key in _keyless_opens(place):
+        with pytest.raises(IncompatibleStoreError, match=r"is encrypted.*without its key"):
+            open_without_key()
+    assert place.raw_bytes() == before
+    # encrypted_ok opens it as it is, for what seals every value it writes.
+    if place.server is None:
+        from sessionscope.crypto import open_encrypted
+        from sessionscope.stores import LmdbStore
+
+        inner = LmdbStore(place.base / "store", encrypted_ok=True)
+        again = open_encrypted(inner, Encryption(keys=place.keys, key=KEK), None)
+        try:
+            assert readable(again, "ada")
+        finally:
+            again.close()
+
+
 def test_a_plaintext_store_is_not_opened_encrypted_by_mistake(place: Place) -> None:
     plain = open_store(place.uri())
     SyncSessionService(plain).create_session(app_name="shop", user_id="ada", state={"k": 1})

@@ -461,7 +461,8 @@ def _check_session(store: Store, record: SessionRecord, report: CheckReport) -> 
 
 def _check_copy(directory: Path) -> CheckReport:
     """Open a copy of a store and check it; raise if it is not clean."""
-    copy = LmdbStore(directory)
+    # Its structure is checked, never a value: an encrypted store's copy too.
+    copy = LmdbStore(directory, encrypted_ok=True)
     try:
         report = check_store(copy)
     finally:

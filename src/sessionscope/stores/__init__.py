@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import IncompatibleStoreError, StoreNotFoundError
+from ..errors import StoreNotFoundError
 from .completion import Completion
 from .lmdb.store import LmdbStore
 from .memory import MemoryStore
 from .protocol import Store
-from .records import ENCRYPTION_MARKER_APP
 from .uri import ENCRYPTION_OPTIONS, SCHEMES, StoreSpec, parse_store_uri, redact
 
 __all__ = ["Completion", "LmdbStore", "MemoryStore", "Store", "open_store", "redact"]
@@ -40,16 +39,13 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
         raise ValueError("keys= needs the key-encryption key: key_file= or key_env=")
     if crypto:
         encryption = _crypto().Encryption(**crypto)
+    if encryption is None:
+        # The store refuses itself when it was written encrypted.
+        return _open_plain(spec, create, merged)
+    if spec.kind != "memory":
+        merged["encrypted_ok"] = True
     store = _open_plain(spec, create, merged)
     try:
-        if encryption is None:
-            if store.read_app_state(ENCRYPTION_MARKER_APP):
-                raise IncompatibleStoreError(
-                    f"{redact(uri)} is encrypted: it cannot be read or written without its key",
-                    hint="give its key-encryption key and key store: key_file= or key_env=, "
-                    "and keys= (see docs/encryption.md)",
-                )
-            return store
         open_encrypted = _crypto().open_encrypted
         default_keys = None
         if spec.kind == "memory":

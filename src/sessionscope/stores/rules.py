@@ -12,10 +12,17 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from operator import attrgetter
+from typing import Any
 
 from ..codec import events_equal
-from ..errors import DuplicateEventError, SessionNotFoundError, StaleSessionError
+from ..errors import (
+    DuplicateEventError,
+    IncompatibleStoreError,
+    SessionNotFoundError,
+    StaleSessionError,
+)
 from .records import (
+    ENCRYPTION_MARKER_APP,
     AppendRequest,
     AppendResult,
     ListPosition,
@@ -38,6 +45,7 @@ __all__ = [
     "list_position",
     "marker_position",
     "page_records",
+    "refuse_encrypted",
     "repeat_result",
     "session_not_found",
 ]
@@ -257,3 +265,19 @@ def check_ttl(session_ttl: float | None) -> float | None:
     if seconds is None or not seconds > 0:
         raise ValueError(f"session_ttl must be a positive finite number, not {session_ttl!r}")
     return seconds
+
+
+def refuse_encrypted(store: Any, where: str) -> None:
+    """Refuse a store written encrypted to a caller without its key.
+
+    Its values are ciphertext under keys kept elsewhere: a caller without
+    them could read nothing, and what it wrote would land there in plaintext.
+    ``where`` names the store in the message (a path, or a URI without its
+    password).
+    """
+    if store.read_app_state(ENCRYPTION_MARKER_APP):
+        raise IncompatibleStoreError(
+            f"{where} is encrypted: it cannot be read or written without its key",
+            hint="give its key-encryption key and key store: key_file= or key_env=, "
+            "and keys= (see docs/encryption.md)",
+        )

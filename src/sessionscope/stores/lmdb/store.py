@@ -49,7 +49,7 @@ from ..records import (
     event_copy,
     result_of_batch,
 )
-from ..rules import check_copy, check_ttl, list_position, page_records
+from ..rules import check_copy, check_ttl, list_position, page_records, refuse_encrypted
 from . import maintenance, retention
 from .layout import (
     APP,
@@ -123,7 +123,13 @@ def _logs_refusal(init: _Init) -> _Init:
 
 
 class LmdbStore:
-    """A durable store in one directory, shared safely by several processes."""
+    """A durable store in one directory, shared safely by several processes.
+
+    A store written encrypted is refused (``IncompatibleStoreError``), so that
+    nothing is written into it in plaintext: ``open_store`` with its key opens
+    it. ``encrypted_ok=True`` opens it as it is, for what seals every value it
+    writes (``sessionscope.crypto.open_encrypted``) or reads only structure.
+    """
 
     @_logs_refusal
     def __init__(
@@ -138,6 +144,7 @@ class LmdbStore:
         session_ttl: float | None = None,
         verify: bool = False,
         trust_directory: bool = False,
+        encrypted_ok: bool = False,
     ) -> None:
         ttl = check_ttl(session_ttl)
         map_size = check_options(durability, map_size, flush_interval, file_mode, max_readers)
@@ -166,6 +173,13 @@ class LmdbStore:
             file_mode=file_mode,
             max_readers=max_readers,
         )
+        self._expirer = None
+        if not encrypted_ok:
+            try:
+                refuse_encrypted(self, str(self.path))
+            except BaseException:
+                self.close()
+                raise
         # Expires idle sessions at open and then periodically, with session_ttl.
         self.session_ttl = ttl
         self._expirer = Expirer(self, ttl) if ttl is not None else None

@@ -64,7 +64,7 @@ from ..records import (
     SessionRecord,
     result_of_batch,
 )
-from ..rules import check_ttl, page_records
+from ..rules import check_ttl, page_records, refuse_encrypted
 from .append import AppendPlans, BatchRead, batch_plan
 from .client import check_policy, delete_keys, new_client
 from .cluster import topology
@@ -324,6 +324,8 @@ class RedisStore:
     A server (on a cluster, any primary) whose ``maxmemory-policy`` is not
     ``noeviction`` may drop a session's keys on its own: it is refused with
     ``UnsafeStoreError`` unless ``allow_eviction=True``, which logs a warning.
+    A prefix written encrypted is refused (``IncompatibleStoreError``) unless
+    ``encrypted_ok=True``, as ``LmdbStore`` says.
 
     Beside the Store protocol it offers ``append_many_reading`` (a batch
     with reads placed between its events, as replays send it), ``noop`` (a
@@ -346,6 +348,7 @@ class RedisStore:
         password: str | None = None,
         create: bool = True,
         allow_eviction: bool = False,
+        encrypted_ok: bool = False,
     ) -> None:
         session_ttl = check_ttl(session_ttl)
         if (url is None) == (cluster is None):
@@ -385,6 +388,8 @@ class RedisStore:
         try:
             check_policy(self._client, self.cluster, self.where, allow_eviction)
             self._sync.run(self._ops.check_format(create))
+            if not encrypted_ok:
+                refuse_encrypted(self, self.where)
         except BaseException:
             self._client.close()
             raise
