@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -22,7 +22,6 @@ from ..errors import (
     StaleSessionError,
 )
 from .records import (
-    ENCRYPTION_MARKER_APP,
     AppendRequest,
     AppendResult,
     ListPosition,
@@ -267,15 +266,15 @@ def check_ttl(session_ttl: float | None) -> float | None:
     return seconds
 
 
-def refuse_encrypted(store: Any, where: str) -> None:
-    """Refuse a store written encrypted to a caller without its key.
+def refuse_encrypted(marker: Mapping[str, Any], where: str) -> None:
+    """Refuse a store written encrypted (its marker, the reserved app's state, is set).
 
     Its values are ciphertext under keys kept elsewhere: a caller without
     them could read nothing, and what it wrote would land there in plaintext.
     ``where`` names the store in the message (a path, or a URI without its
     password).
     """
-    if store.read_app_state(ENCRYPTION_MARKER_APP):
+    if marker:
         raise IncompatibleStoreError(
             f"{where} is encrypted: it cannot be read or written without its key",
             hint="give its key-encryption key and key store: key_file= or key_env=, "

@@ -33,6 +33,7 @@ from ..completion import Completion
 from ..expiry import Expirer
 from ..protocol import InlineAsyncStore
 from ..records import (
+    ENCRYPTION_MARKER_APP,
     AppendBatch,
     AppendRequest,
     AppendResult,
@@ -122,6 +123,16 @@ def _logs_refusal(init: _Init) -> _Init:
     return cast(_Init, opening)
 
 
+def _refuse_encrypted_at(path: Path) -> Callable[[Any, Databases], None]:
+    """Return the opening check that refuses the store at ``path`` if it was written encrypted."""
+
+    def check(txn: Any, dbs: Databases) -> None:
+        marker = read_map(txn, dbs.shared, APP + part(ENCRYPTION_MARKER_APP))
+        refuse_encrypted(marker, str(path))
+
+    return check
+
+
 class LmdbStore:
     """A durable store in one directory, shared safely by several processes.
 
@@ -172,14 +183,8 @@ class LmdbStore:
             flush_interval=flush_interval,
             file_mode=file_mode,
             max_readers=max_readers,
+            check=None if encrypted_ok else _refuse_encrypted_at(self.path),
         )
-        self._expirer = None
-        if not encrypted_ok:
-            try:
-                refuse_encrypted(self, str(self.path))
-            except BaseException:
-                self.close()
-                raise
         # Expires idle sessions at open and then periodically, with session_ttl.
         self.session_ttl = ttl
         self._expirer = Expirer(self, ttl) if ttl is not None else None

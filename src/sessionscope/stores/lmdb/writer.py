@@ -127,6 +127,7 @@ class Writer:
         flush_interval: float,
         file_mode: int,
         max_readers: int,
+        check: Callable[[Any, Databases], None] | None = None,
     ) -> None:
         self.path = path
         self.durability: Durability = durability
@@ -160,7 +161,7 @@ class Writer:
             # would otherwise stay taken until every process closed it.
             self.env.reader_check()
             self.map_size: int = self.env.info()["map_size"]
-            self.dbs = self._open_databases()
+            self.dbs = self._open_databases(check)
             self.lock_id = file_id(self.lock_name)
             self.data_id = file_id(path / "data.mdb")
             OPEN_HERE.add(self.data_id)
@@ -276,7 +277,14 @@ class Writer:
         except (lmdb.Error, OSError) as error:
             raise open_failure(self.path, error) from error
 
-    def _open_databases(self) -> Databases:
+    def _open_databases(self, check: Callable[[Any, Databases], None] | None) -> Databases:
+        """Open the named databases (creating them in a new store) in the opening transaction.
+
+        ``check`` reads an existing store in that transaction and may refuse
+        it by raising. A read there holds no reader slot afterwards, where a
+        read transaction would keep one for the process's lifetime (py-lmdb
+        keeps a spare read transaction, and its slot, for reuse).
+        """
         env = self.env
         try:
             with self.writer_lock, self.gate:
@@ -292,6 +300,8 @@ class Writer:
                             name: env.open_db(name, txn=txn, create=False)
                             for name in db_names(version)
                         }
+                        if check is not None:
+                            check(txn, Databases(handles, version))
                     else:
                         version = FORMAT_VERSION
                         handles = {name: env.open_db(name, txn=txn) for name in db_names(version)}

@@ -57,6 +57,7 @@ from .. import redact
 from ..completion import Completion
 from ..expiry import Expirer
 from ..records import (
+    ENCRYPTION_MARKER_APP,
     AppendBatch,
     BatchResult,
     ListPosition,
@@ -389,7 +390,7 @@ class RedisStore:
             check_policy(self._client, self.cluster, self.where, allow_eviction)
             self._sync.run(self._ops.check_format(create))
             if not encrypted_ok:
-                refuse_encrypted(self, self.where)
+                refuse_encrypted(self.read_app_state(ENCRYPTION_MARKER_APP), self.where)
         except BaseException:
             self._client.close()
             raise
