@@ -133,6 +133,66 @@ def test_bytes_are_stored_as_bytes() -> None:
     assert isinstance(parts[4]["thoughtSignature"], bytes)
 
 
+# Deltas of every shape: plain ones, and storable ones that are not plain
+# (a tuple, a str subclass), which take the codec's general path.
+DELTA_EVENTS: dict[str, Callable[[], Event]] = {
+    "plain_delta": lambda: realistic_event(3),
+    "delta_of_every_value": lambda: Event(
+        author="a",
+        actions=EventActions(
+            state_delta={
+                "none": None,
+                "nested": {"n": None, "l": [None, 1.5, b"\x00", True, -(2**63)]},
+                "user:u": "ünïcode",
+                "app:a": 2**64 - 1,
+            }
+        ),
+    ),
+    "delta_after_skip_summarization": lambda: Event(
+        author="a", actions=EventActions(skip_summarization=True, state_delta={"k": 1})
+    ),
+    "delta_with_a_tuple": lambda: Event(
+        author="a", actions=EventActions(state_delta={"t": (1, (2, "x"))})
+    ),
+    "delta_with_an_enum": lambda: Event(
+        author="a", actions=EventActions(state_delta={"m": types.MediaModality.TEXT})
+    ),
+    "empty_delta_with_content": lambda: realistic_event(4, actions=EventActions()),
+}
+
+
+def _dumped(event: Event) -> dict[str, Any]:
+    """Return an event's record as pydantic dumps it: by alias, no None, auth configs as JSON."""
+    record = event.model_dump(by_alias=True, exclude_none=True)
+    configs = event.actions.requested_auth_configs
+    if configs:
+        record["actions"]["requestedAuthConfigs"] = {
+            key: value.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for key, value in configs.items()
+        }
+    return record
+
+
+@pytest.mark.parametrize("name", sorted({**FIELD_EVENTS, **DELTA_EVENTS}))
+def test_record_bytes_are_msgpack_of_the_dump(name: str) -> None:
+    """The stored bytes are the codec's of pydantic's dump, whichever path packs them."""
+    event = {**FIELD_EVENTS, **DELTA_EVENTS}[name]()
+    expected = codec.encode_event(_dumped(event))
+    assert _adk_codec.encode_event(event) == expected
+    (back,) = _adk_codec.decode_events([expected])
+    assert back == Event.model_validate(codec.decode_event(expected))
+
+
+def test_record_bytes_of_the_agent_mix_are_msgpack_of_the_dump() -> None:
+    """Every event of a slice of the agent mix is stored as the codec packs its dump."""
+    from sessionscope.bench.speed import Workload, mix_spec
+
+    work = Workload.of(mix_spec(8, seed=3))
+    for _, record, _ in work.appends:
+        event = Event.model_validate(record)
+        assert _adk_codec.encode_event(event) == codec.encode_event(_dumped(event))
+
+
 def test_every_field_round_trips_through_a_store(make_service: Callable[[], Any]) -> None:
     """Stored, read back by another service object: equal dumps, marker set."""
 

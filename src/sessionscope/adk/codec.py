@@ -7,6 +7,10 @@ Aliases are needed because the auth schemes inside
 ``Any`` at runtime, so its models dump with plain ``Enum`` members, which are
 not storable: it alone is dumped in JSON mode (it holds no bytes).
 
+A record of plain values (the common one) is checked and packed in one walk
+(``pack_plain``); any other is checked, naming a bad value by its path, and
+packed by msgpack: the same bytes either way.
+
 Read: ``Event.model_validate`` on the decoded map, pydantic's public path
 (see "Internals kept, and why" in docs/ARCHITECTURE.md for what a faster one cost).
 """
@@ -18,12 +22,14 @@ from typing import Any
 from google.adk.events import Event
 
 from .. import codec
+from ..core import pack_plain
 from ..errors import IncompatibleStoreError
 
 __all__ = ["decode_events", "encode_event", "event_from_record"]
 
 _AUTH_CONFIGS = "requestedAuthConfigs"
 _PREFIX = codec.EVENT_FORMAT
+_PREFIX_BYTES = bytes([_PREFIX])
 
 
 def _dump_options() -> dict[str, Any]:
@@ -62,11 +68,15 @@ def encode_event(event: Event) -> bytes:
     """Return the stored record of an ADK event; unstorable values raise TypeError."""
     record = _to_python(event, **_DUMP)
     actions = record.get("actions")
-    if actions and _AUTH_CONFIGS in actions:
+    # Dumped as an empty map when there is none: nothing to redo then.
+    if actions and actions.get(_AUTH_CONFIGS):
         actions[_AUTH_CONFIGS] = {
             key: _jsonable(value) for key, value in event.actions.requested_auth_configs.items()
         }
-    return codec.encode_event(record, "event")
+    stored = pack_plain(record, _PREFIX_BYTES)
+    if stored is None:
+        stored = codec.encode_event(record, "event")
+    return stored
 
 
 def _jsonable(value: Any) -> Any:
