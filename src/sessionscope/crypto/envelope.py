@@ -62,6 +62,7 @@ __all__ = [
 SEALED_VERSION = 1
 _blake2b = hashlib.blake2b
 _ID = struct.Struct(">BI")
+_NONCE = struct.Struct(">QI")  # a counter nonce: salt, counter
 HEADER = _ID.size + 12  # version, key id, nonce
 TAG = 16
 # The same two, as C integers in the compiled build.
@@ -133,19 +134,29 @@ def event_parts(data: bytes) -> tuple[bytes, int] | None:
     under 64 KiB, a float time); anything else is None, and the caller
     decodes the record with msgpack instead (which also says what is wrong).
     """
+    start: cython.Py_ssize_t = _sealed_start(data)
+    if start < 0:
+        return None
+    stamp: cython.Py_ssize_t = _str_end(data, 5)
+    return data[5:stamp] + data[stamp + 10 : stamp + 19], start
+
+
+@cython.cfunc
+def _sealed_start(data: bytes) -> cython.Py_ssize_t:
+    """Return where the sealed value of a sealed event starts (``event_parts``); -1 if none."""
     size: cython.Py_ssize_t = len(data)
     if not data.startswith(_EVENT_HEAD):
-        return None
+        return -1
     stamp: cython.Py_ssize_t = _str_end(data, 5)
     # The time's key and value (10 + 9 bytes), the sealed value's key (7),
     # a bin header (2 to 5) and the shortest sealed value.
     if stamp < 0 or stamp + 28 + _SHORTEST > size:
-        return None
+        return -1
     if not data.startswith(_STAMP_KEY, stamp) or data[stamp + 10] != 0xCB:
-        return None
+        return -1
     end: cython.Py_ssize_t = stamp + 19
     if not data.startswith(_SEALED_KEY, end):
-        return None
+        return -1
     head: cython.Py_ssize_t = data[end + 7]
     start: cython.Py_ssize_t
     length: cython.Py_ssize_t
@@ -157,10 +168,10 @@ def event_parts(data: bytes) -> tuple[bytes, int] | None:
         start = end + 12
         length = data[end + 8] << 24 | data[end + 9] << 16 | data[end + 10] << 8 | data[end + 11]
     else:
-        return None
+        return -1
     if start + length != size or length < _SHORTEST:
-        return None
-    return data[5:stamp] + data[stamp + 10 : end], start
+        return -1
+    return start
 
 
 def state_place(prefix: bytes, key: str) -> bytes:
@@ -217,9 +228,8 @@ class Cipher:
         # synthetic nonce starts from a copy of it.
         self._nonce_hash = _blake2b(key=derive(key, b"nonce"), digest_size=12)
         self.head = _ID.pack(SEALED_VERSION, key_id)
-        # The nonce of a counter value n is salt (8 bytes) | n (4 bytes): as
-        # an int, the salt shifted left 32 bits, plus n.
-        self._salt = int.from_bytes(os.urandom(8), "big") << 32
+        # The nonce of counter value n: salt (8 bytes) | n (4 bytes).
+        self._salt = int.from_bytes(os.urandom(8), "big")
         self._count = itertools.count()
         self._lock = threading.Lock()
 
@@ -245,7 +255,7 @@ class Cipher:
         sealed = []
         for key, value in items:
             number = next(count)  # atomic: itertools.count holds the GIL's promise
-            nonce = (salt + number).to_bytes(12, "big") if number < 0xFFFFFFFF else self._nonce()
+            nonce = _NONCE.pack(salt, number) if number < 0xFFFFFFFF else self._nonce()
             body: bytes = encrypt(nonce, value, prefix + key.encode())
             sealed.append((key, b"".join((_bin_head(_HEADER + len(body)), head, nonce, body))))
         return sealed
@@ -253,11 +263,11 @@ class Cipher:
     def _nonce(self) -> bytes:
         number = next(self._count)
         if number < 0xFFFFFFFF:
-            nonce: bytes = (self._salt + number).to_bytes(12, "big")
+            nonce: bytes = _NONCE.pack(self._salt, number)
             return nonce
         with self._lock:
             if next(self._count) >= 0xFFFFFFFF:
-                self._salt = int.from_bytes(os.urandom(8), "big") << 32
+                self._salt = int.from_bytes(os.urandom(8), "big")
                 self._count = itertools.count(1)
         return os.urandom(12)
 
@@ -338,15 +348,19 @@ def open_events(
     opened = []
     start: cython.Py_ssize_t
     cipher: Cipher | None
+    stamp: cython.Py_ssize_t
     for data in records:
-        parts = event_parts(data)
-        if parts is None:
+        start = _sealed_start(data)
+        if start < 0:
             return None
-        tail, start = parts
         cipher = heads.get(data[start : start + 5])
         if cipher is None:
             return None
-        plain = cipher.open_at(data, start, at + tail)
+        # The place: the session's head, the packed id and the packed time.
+        stamp = _str_end(data, 5)
+        plain = cipher.open_at(
+            data, start, b"".join((at, data[5:stamp], data[stamp + 10 : stamp + 19]))
+        )
         if plain is None:
             return None
         opened.append(plain)
