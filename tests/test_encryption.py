@@ -399,6 +399,27 @@ def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
     assert event_parts(sealed + b"\x00") is None
 
 
+def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:
+    """Counter nonces (salt, then counter) never repeat, also across the counter's end.
+
+    Runs on the source build, whose counter can be set near its end.
+    """
+    import itertools
+
+    from sessionscope.crypto.envelope import HEADER, Cipher
+
+    cipher = Cipher(7, bytes(32))
+    salt = cipher._counter[0]
+    cipher._counter = (salt, itertools.count(0xFFFFFFFD))
+    items = [(f"k{index}", b"v") for index in range(4)]
+    sealed = cipher.seal_items(items, b"\x93\xa1s\xa1a\xa1u")
+    nonces = [value[2 + 5 : 2 + HEADER] for _, value in sealed]
+    assert len(set(nonces)) == 4
+    assert [n[:8] == salt.to_bytes(8, "big") for n in nonces] == [True, True, False, False]
+    assert [int.from_bytes(n[8:], "big") for n in nonces][:2] == [0xFFFFFFFD, 0xFFFFFFFE]
+    assert cipher._counter[0] != salt
+
+
 def test_an_event_record_in_another_layout_still_opens_or_says_why(place: Place) -> None:
     """A sealed event stored with its fields in another order, or an int time, opens.
 

@@ -66,8 +66,8 @@ _NONCE = struct.Struct(">QI")  # a counter nonce: salt, counter
 HEADER = _ID.size + 12  # version, key id, nonce
 TAG = 16
 # The same two, as C integers in the compiled build.
-_HEADER = cython.declare(cython.Py_ssize_t, 17)
-_SHORTEST = cython.declare(cython.Py_ssize_t, 17 + 16)
+_HEADER = cython.declare(cython.Py_ssize_t, HEADER)
+_SHORTEST = cython.declare(cython.Py_ssize_t, HEADER + TAG)
 
 
 def place(*parts: Any) -> bytes:
@@ -214,8 +214,7 @@ class Cipher:
     _encrypt: Any
     _decrypt: Any
     _nonce_hash: Any
-    _salt: Any
-    _count: Any
+    _counter: tuple[int, Any]
     _lock: Any
 
     def __init__(self, key_id: int, key: bytes) -> None:
@@ -228,9 +227,9 @@ class Cipher:
         # synthetic nonce starts from a copy of it.
         self._nonce_hash = _blake2b(key=derive(key, b"nonce"), digest_size=12)
         self.head = _ID.pack(SEALED_VERSION, key_id)
-        # The nonce of counter value n: salt (8 bytes) | n (4 bytes).
-        self._salt = int.from_bytes(os.urandom(8), "big")
-        self._count = itertools.count()
+        # The nonce of counter value n: salt (8 bytes) | n (4 bytes). Salt and
+        # counter are one attribute, replaced together when the counter runs out.
+        self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -251,7 +250,7 @@ class Cipher:
         """
         encrypt = self._encrypt
         head = self.head
-        salt, count = self._salt, self._count
+        salt, count = self._counter
         sealed = []
         for key, value in items:
             number = next(count)  # atomic: itertools.count holds the GIL's promise
@@ -261,15 +260,15 @@ class Cipher:
         return sealed
 
     def _nonce(self) -> bytes:
-        number = next(self._count)
+        salt, count = self._counter
+        number = next(count)
         if number < 0xFFFFFFFF:
-            nonce: bytes = _NONCE.pack(self._salt, number)
+            nonce: bytes = _NONCE.pack(salt, number)
             return nonce
-        with self._lock:
-            if next(self._count) >= 0xFFFFFFFF:
-                self._salt = int.from_bytes(os.urandom(8), "big")
-                self._count = itertools.count(1)
-        return os.urandom(12)
+        with self._lock:  # the counter ran out: one thread draws a new salt
+            if self._counter[1] is count:
+                self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
+        return self._nonce()
 
     @cython.cfunc
     def _fixed_nonce(self, where: bytes, plaintext: bytes) -> bytes:
