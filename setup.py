@@ -31,6 +31,7 @@ else:
         ("sessionscope.stores.lmdb.layout_c", "src/sessionscope/stores/lmdb/layout.py"),
         ("sessionscope.service._append_c", "src/sessionscope/service/_append.py"),
         ("sessionscope.service._listing_c", "src/sessionscope/service/_listing.py"),
+        ("sessionscope.crypto.envelope_c", "src/sessionscope/crypto/envelope.py"),
     ]
     setup(
         ext_modules=cythonize(

@@ -363,6 +363,105 @@ def test_a_tampered_or_moved_ciphertext_is_a_corrupt_store_error_naming_it(place
         store.close()
 
 
+@pytest.mark.parametrize("id_size", [1, 31, 32, 255, 256, 4096])
+@pytest.mark.parametrize("record_size", [0, 200, 255 - 33, 70_000])
+def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
+    id_size: int, record_size: int
+) -> None:
+    """The event envelope is built piece by piece; its bytes are those of the format."""
+    from sessionscope import codec
+    from sessionscope.crypto.envelope import Cipher, event_parts, event_place, open_events, place
+
+    cipher = Cipher(0x01020304, bytes(range(32)))
+    event_id, stamp, record = (
+        "é" * (id_size // 2) + "x" * (id_size % 2),
+        1767225600.25,
+        b"r" * record_size,
+    )
+    where = place("e", "app", "u", "s", event_id, stamp)
+    expected = codec.pack_event(
+        {"id": event_id, "timestamp": stamp, "sealed": cipher.seal_fixed(record, where)}
+    )
+    assert event_place("app", "u", "s") + codec.pack(event_id) + codec.pack(stamp) == where
+    sealed = cipher.seal_event(event_place("app", "u", "s"), event_id, stamp, record)
+    assert sealed == expected
+    parts = event_parts(sealed)
+    assert parts is not None
+    tail, start = parts
+    assert event_place("app", "u", "s") + tail == where
+    assert sealed[start : start + 5] == cipher.head
+    heads = {cipher.head: cipher}
+    assert open_events(heads, event_place("app", "u", "s"), [sealed]) == [record]
+    assert open_events(heads, event_place("app", "u", "t"), [sealed]) is None
+    assert open_events({}, event_place("app", "u", "s"), [sealed]) is None
+    # Truncated or extended, it is not read as a sealed event.
+    assert event_parts(sealed[:-1]) is None
+    assert event_parts(sealed + b"\x00") is None
+
+
+def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:
+    """Counter nonces (salt, then counter) never repeat, also across the counter's end.
+
+    Runs on the source build, whose counter can be set near its end.
+    """
+    import itertools
+
+    from sessionscope.crypto.envelope import HEADER, Cipher
+
+    cipher = Cipher(7, bytes(32))
+    salt = cipher._counter[0]
+    cipher._counter = (salt, itertools.count(0xFFFFFFFD))
+    items = [(f"k{index}", b"v") for index in range(4)]
+    sealed = cipher.seal_items(items, b"\x93\xa1s\xa1a\xa1u")
+    nonces = [value[2 + 5 : 2 + HEADER] for _, value in sealed]
+    assert len(set(nonces)) == 4
+    assert [n[:8] == salt.to_bytes(8, "big") for n in nonces] == [True, True, False, False]
+    assert [int.from_bytes(n[8:], "big") for n in nonces][:2] == [0xFFFFFFFD, 0xFFFFFFFE]
+    assert cipher._counter[0] != salt
+
+
+def test_an_event_record_in_another_layout_still_opens_or_says_why(place: Place) -> None:
+    """A sealed event stored with its fields in another order, or an int time, opens.
+
+    The quick reading takes only the layout this version writes; anything
+    else is decoded as a msgpack map, as before.
+    """
+    from sessionscope import codec
+    from sessionscope.crypto.envelope import event_parts
+
+    store = place.open()
+    try:
+        fill(store)
+        raw = store.raw
+        loaded = raw.load_session("shop", "ada", "s1", None, None)
+        fields = codec.decode_event(loaded.events[0])
+        reordered = codec.pack_event(
+            {"sealed": fields["sealed"], "timestamp": fields["timestamp"], "id": fields["id"]}
+        )
+        assert event_parts(reordered) is None
+        copies = [_raw_event(e) for e in loaded.events]
+        copies[0] = EventCopy(fields["id"], fields["timestamp"], reordered)
+        raw.delete_session("shop", "ada", "s1").result()
+        raw.restore_session(SessionCopy("shop", "ada", "s1", 1.0, 2.0, [], copies)).result()
+        got = SyncSessionService(store).get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert got is not None and [e.content["i"] for e in got.events] == [0, 1, 2]
+        # The same record with one bit flipped: the error names it, on either path.
+        tampered = codec.pack_event(
+            {
+                "sealed": _flip(fields["sealed"], 30),
+                "timestamp": fields["timestamp"],
+                "id": fields["id"],
+            }
+        )
+        copies[0] = EventCopy(fields["id"], fields["timestamp"], tampered)
+        raw.delete_session("shop", "ada", "s1").result()
+        raw.restore_session(SessionCopy("shop", "ada", "s1", 1.0, 2.0, [], copies)).result()
+        with pytest.raises(CorruptStoreError, match=rf"event '{fields['id']}'.*altered"):
+            store.load_session("shop", "ada", "s1", None, None)
+    finally:
+        store.close()
+
+
 def test_a_byte_flipped_in_the_lmdb_file_is_a_corrupt_store_error(tmp_path: Path) -> None:
     place = Place("lmdb", tmp_path)
     store = place.open()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import sessionscope.core
+import sessionscope.crypto.store
 import sessionscope.service.core
 import sessionscope.service.paging
 import sessionscope.stores.lmdb.store
@@ -26,6 +27,7 @@ HOT_PATH = [
     "sessionscope.service._listing",
     "sessionscope.stores.lmdb._locks",
     "sessionscope.stores.lmdb.layout",
+    "sessionscope.crypto.envelope",
 ]
 
 PURE_BUILD = os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
@@ -37,9 +39,9 @@ HIDE_COMPILED = "".join(f"sys.modules[{name + '_c'!r}] = None; " for name in HOT
 SHOW = (
     "import sessionscope.service.core as s, sessionscope.service.paging as p, "
     "sessionscope.stores.lmdb.store as l, sessionscope.stores.lmdb.writer as w, "
-    "sessionscope.core as c; "
+    "sessionscope.crypto.store as e, sessionscope.core as c; "
     "print(s._hot.__name__, l._hot.__name__, p._listing.__name__, w._locks.__name__, "
-    "l._layout.__name__, "
+    "l._layout.__name__, e._envelope.__name__, "
     "*sorted(c.IMPLEMENTATIONS.items()))"
 )
 
@@ -70,6 +72,8 @@ def test_this_process_runs_what_it_says() -> None:
     assert sessionscope.stores.lmdb.writer._locks.__name__ == HOT_PATH[3] + suffix
     assert sessionscope.stores.lmdb.store._layout.__name__ == HOT_PATH[4] + suffix
     assert sessionscope.stores.lmdb.store._hot.layout.__name__ == HOT_PATH[4] + suffix
+    assert sessionscope.crypto.store._envelope.__name__ == HOT_PATH[5] + suffix
+    assert sessionscope.crypto.keyring._envelope.__name__ == HOT_PATH[5] + suffix
 
 
 def test_no_extensions_runs_the_source() -> None:

@@ -59,3 +59,8 @@ def cclass(cls: C) -> C:
 def inline(function: F) -> F:
     """Leave a function as it is (compiled, it is inlined)."""
     return function
+
+
+def final(cls: C) -> C:
+    """Leave a class as it is (compiled, its methods are never overridden)."""
+    return cls

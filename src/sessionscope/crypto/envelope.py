@@ -26,20 +26,35 @@ import itertools
 import os
 import struct
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..codec import pack
+from ..codec import EVENT_FORMAT, decode_stored, pack
+
+if TYPE_CHECKING:
+    from .._speedups import _no_cython as cython
+else:
+    try:
+        import cython
+    except ImportError:  # a pure install runs without Cython
+        from .._speedups import _no_cython as cython
 
 __all__ = [
     "HEADER",
     "SEALED_VERSION",
+    "TAG",
     "Cipher",
     "derive",
+    "event_parts",
+    "event_place",
     "key_id_of",
+    "open_events",
+    "open_values",
     "place",
+    "seal_many",
     "split",
     "state_place",
 ]
@@ -47,8 +62,12 @@ __all__ = [
 SEALED_VERSION = 1
 _blake2b = hashlib.blake2b
 _ID = struct.Struct(">BI")
+_NONCE = struct.Struct(">QI")  # a counter nonce: salt, counter
 HEADER = _ID.size + 12  # version, key id, nonce
-_TAG = 16
+TAG = 16
+# The same two, as C integers in the compiled build.
+_HEADER = cython.declare(cython.Py_ssize_t, HEADER)
+_SHORTEST = cython.declare(cython.Py_ssize_t, HEADER + TAG)
 
 
 def place(*parts: Any) -> bytes:
@@ -57,14 +76,102 @@ def place(*parts: Any) -> bytes:
     return result
 
 
-def _bin(data: bytes) -> bytes:
-    """Return ``data`` as a msgpack bin (what a sealed state value is stored as)."""
-    size = len(data)
+# The msgpack headers of bins under 256 bytes (most sealed state values).
+_BIN8 = [bytes((0xC4, size)) for size in range(0x100)]
+_BIN16 = struct.Struct(">BH")
+_BIN32 = struct.Struct(">BI")
+
+
+@cython.cfunc
+def _bin_head(size: cython.Py_ssize_t) -> bytes:
+    """Return the msgpack header of a bin of ``size`` bytes."""
     if size < 0x100:
-        return b"\xc4" + bytes((size,)) + data
+        head: bytes = _BIN8[size]
+        return head
     if size < 0x10000:
-        return b"\xc5" + size.to_bytes(2, "big") + data
-    return b"\xc6" + size.to_bytes(4, "big") + data
+        return _BIN16.pack(0xC5, size)
+    return _BIN32.pack(0xC6, size)
+
+
+# A sealed event as stored is the event record ``{"id", "timestamp", "sealed"}``
+# (``codec.pack_event``), built and read here piece by piece: its id and time,
+# packed, are also the tail of the event's place, so neither is packed twice.
+_EVENT_HEAD = bytes((EVENT_FORMAT, 0x83, 0xA2)) + b"id"
+_STAMP_KEY = b"\xa9timestamp"
+_SEALED_KEY = b"\xa6sealed"
+
+
+def event_place(app: str, user: str, session: str) -> bytes:
+    """Return the head of the places of a session's events (``place`` without id and time).
+
+    ``event_place(a, u, s) + pack(event_id) + pack(stamp)`` is
+    ``place("e", a, u, s, event_id, stamp)``: a msgpack array is its header
+    and its items, packed one after the other.
+    """
+    return b"\x96" + pack("e") + pack(app) + pack(user) + pack(session)
+
+
+@cython.cfunc
+def _str_end(data: bytes, at: cython.Py_ssize_t) -> cython.Py_ssize_t:
+    """Return where the msgpack str starting at ``at`` ends; -1 when none starts there."""
+    size: cython.Py_ssize_t = len(data)
+    if at >= size:
+        return -1
+    head: cython.Py_ssize_t = data[at]
+    if 0xA0 <= head <= 0xBF:
+        return at + 1 + (head & 0x1F)
+    if head == 0xD9 and at + 2 <= size:
+        return at + 2 + data[at + 1]
+    if head == 0xDA and at + 3 <= size:
+        return at + 3 + (data[at + 1] << 8 | data[at + 2])
+    return -1
+
+
+def event_parts(data: bytes) -> tuple[bytes, int] | None:
+    """Return (the packed id and time, where the sealed value starts) of a sealed event.
+
+    Reads the record exactly as ``Cipher.seal_event`` writes it (an id
+    under 64 KiB, a float time); anything else is None, and the caller
+    decodes the record with msgpack instead (which also says what is wrong).
+    """
+    start: cython.Py_ssize_t = _sealed_start(data)
+    if start < 0:
+        return None
+    stamp: cython.Py_ssize_t = _str_end(data, 5)
+    return data[5:stamp] + data[stamp + 10 : stamp + 19], start
+
+
+@cython.cfunc
+def _sealed_start(data: bytes) -> cython.Py_ssize_t:
+    """Return where the sealed value of a sealed event starts (``event_parts``); -1 if none."""
+    size: cython.Py_ssize_t = len(data)
+    if not data.startswith(_EVENT_HEAD):
+        return -1
+    stamp: cython.Py_ssize_t = _str_end(data, 5)
+    # The time's key and value (10 + 9 bytes), the sealed value's key (7),
+    # a bin header (2 to 5) and the shortest sealed value.
+    if stamp < 0 or stamp + 28 + _SHORTEST > size:
+        return -1
+    if not data.startswith(_STAMP_KEY, stamp) or data[stamp + 10] != 0xCB:
+        return -1
+    end: cython.Py_ssize_t = stamp + 19
+    if not data.startswith(_SEALED_KEY, end):
+        return -1
+    head: cython.Py_ssize_t = data[end + 7]
+    start: cython.Py_ssize_t
+    length: cython.Py_ssize_t
+    if head == 0xC4:
+        start, length = end + 9, data[end + 8]
+    elif head == 0xC5:
+        start, length = end + 10, data[end + 8] << 8 | data[end + 9]
+    elif head == 0xC6:
+        start = end + 12
+        length = data[end + 8] << 24 | data[end + 9] << 16 | data[end + 10] << 8 | data[end + 11]
+    else:
+        return -1
+    if start + length != size or length < _SHORTEST:
+        return -1
+    return start
 
 
 def state_place(prefix: bytes, key: str) -> bytes:
@@ -84,7 +191,7 @@ def key_id_of(key: bytes) -> str:
 
 def split(sealed: bytes) -> tuple[int, int]:
     """Return (version, data-key id) from a sealed value's header; ValueError if too short."""
-    if len(sealed) < HEADER + _TAG:
+    if len(sealed) < HEADER + TAG:
         raise ValueError("too short to be a sealed value")
     version, key_id = _ID.unpack_from(sealed)
     if version != SEALED_VERSION:
@@ -92,24 +199,37 @@ def split(sealed: bytes) -> tuple[int, int]:
     return version, key_id
 
 
+@cython.final
+@cython.cclass
 class Cipher:
     """One data key, ready to seal and open values: AES-256-GCM and its nonce key.
 
     The key's bytes live in the ``AESGCM`` object and the nonce key only;
-    ``repr`` shows the key id alone.
+    ``repr`` shows the key id alone. ``head`` is what every value sealed
+    under it starts with (version, key id).
     """
 
-    __slots__ = ("_aead", "_count", "_head", "_lock", "_nonce_key", "_salt", "key_id")
+    key_id = cython.declare(object, visibility="readonly")
+    head = cython.declare(bytes, visibility="readonly")
+    _encrypt: Any
+    _decrypt: Any
+    _nonce_hash: Any
+    _counter: tuple[int, Any]
+    _lock: Any
 
     def __init__(self, key_id: int, key: bytes) -> None:
         if len(key) != 32:
             raise ValueError("a data key is 32 bytes")
         self.key_id = key_id
-        self._aead = AESGCM(derive(key, b"aes-256-gcm"))
-        self._nonce_key = derive(key, b"nonce")
-        self._head = _ID.pack(SEALED_VERSION, key_id)
-        self._salt = os.urandom(8)
-        self._count = itertools.count()
+        aead = AESGCM(derive(key, b"aes-256-gcm"))
+        self._encrypt, self._decrypt = aead.encrypt, aead.decrypt
+        # BLAKE2b keyed with the nonce key, its key block hashed once: each
+        # synthetic nonce starts from a copy of it.
+        self._nonce_hash = _blake2b(key=derive(key, b"nonce"), digest_size=12)
+        self.head = _ID.pack(SEALED_VERSION, key_id)
+        # The nonce of counter value n: salt (8 bytes) | n (4 bytes). Salt and
+        # counter are one attribute, replaced together when the counter runs out.
+        self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -118,45 +238,198 @@ class Cipher:
     def seal(self, plaintext: bytes, where: bytes) -> bytes:
         """Return ``plaintext`` sealed at the place ``where``, under a counter nonce."""
         nonce = self._nonce()
-        sealed: bytes = self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
+        sealed: bytes = self.head + nonce + self._encrypt(nonce, plaintext, where)
         return sealed
 
+    @cython.ccall
     def seal_items(self, items: list[tuple[str, bytes]], prefix: bytes) -> list[tuple[str, bytes]]:
         """Return state items with each value sealed at ``prefix`` and its key, as msgpack bin.
 
         One loop for the values of a map (what an append hands a store), so
         a value costs its AES-GCM call and little else.
         """
-        encrypt = self._aead.encrypt
-        head = self._head
-        bin_of = _bin
+        encrypt = self._encrypt
+        head = self.head
+        salt, count = self._counter
         sealed = []
         for key, value in items:
-            nonce = self._nonce()
-            sealed.append(
-                (key, bin_of(head + nonce + encrypt(nonce, value, prefix + key.encode())))
-            )
+            number = next(count)  # atomic: itertools.count holds the GIL's promise
+            nonce = _NONCE.pack(salt, number) if number < 0xFFFFFFFF else self._nonce()
+            body: bytes = encrypt(nonce, value, prefix + key.encode())
+            sealed.append((key, b"".join((_bin_head(_HEADER + len(body)), head, nonce, body))))
         return sealed
 
     def _nonce(self) -> bytes:
-        number = next(self._count)  # atomic: itertools.count holds the GIL's promise
+        salt, count = self._counter
+        number = next(count)
         if number < 0xFFFFFFFF:
-            return self._salt + number.to_bytes(4, "big")
-        with self._lock:
-            if next(self._count) >= 0xFFFFFFFF:
-                self._salt, self._count = os.urandom(8), itertools.count(1)
-        return os.urandom(12)
+            nonce: bytes = _NONCE.pack(salt, number)
+            return nonce
+        with self._lock:  # the counter ran out: one thread draws a new salt
+            if self._counter[1] is count:
+                self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
+        return self._nonce()
+
+    @cython.cfunc
+    def _fixed_nonce(self, where: bytes, plaintext: bytes) -> bytes:
+        """Return the synthetic nonce of ``plaintext`` at ``where``: keyed BLAKE2b of both."""
+        hashing = self._nonce_hash.copy()
+        hashing.update(where)
+        hashing.update(plaintext)
+        nonce: bytes = hashing.digest()
+        return nonce
 
     def seal_fixed(self, plaintext: bytes, where: bytes) -> bytes:
         """Return ``plaintext`` sealed at ``where``, the same bytes each time (synthetic nonce)."""
-        nonce = _blake2b(where + plaintext, key=self._nonce_key, digest_size=12).digest()
-        sealed: bytes = self._head + nonce + self._aead.encrypt(nonce, plaintext, where)
+        nonce = self._fixed_nonce(where, plaintext)
+        sealed: bytes = self.head + nonce + self._encrypt(nonce, plaintext, where)
         return sealed
+
+    @cython.ccall
+    def seal_event(self, at: bytes, event_id: str, stamp: object, record: bytes) -> bytes:
+        """Return an event record as stored: its id and time, and ``record`` sealed.
+
+        ``at`` is the session's ``event_place``. The bytes are
+        ``pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})``
+        with ``sealed`` that of ``seal_fixed(record, place("e", ..., event_id,
+        stamp))``, built without packing the id and time twice.
+        """
+        packed_id: bytes = pack(event_id)
+        packed_stamp: bytes = pack(stamp)
+        where = at + packed_id + packed_stamp
+        nonce = self._fixed_nonce(where, record)
+        body: bytes = self._encrypt(nonce, record, where)
+        return b"".join(
+            (
+                _EVENT_HEAD,
+                packed_id,
+                _STAMP_KEY,
+                packed_stamp,
+                _SEALED_KEY,
+                _bin_head(_HEADER + len(body)),
+                self.head,
+                nonce,
+                body,
+            )
+        )
 
     def open(self, sealed: bytes, where: bytes) -> bytes | None:
         """Return the plaintext of ``sealed`` at ``where``; None if it was altered or moved."""
         try:
-            result: bytes = self._aead.decrypt(sealed[5:HEADER], sealed[HEADER:], where)
+            result: bytes = self._decrypt(sealed[5:HEADER], sealed[HEADER:], where)
         except InvalidTag:
             return None
         return result
+
+    @cython.ccall
+    def open_at(self, data: bytes, start: cython.Py_ssize_t, where: bytes) -> bytes | None:
+        """Return the plaintext of the value sealed at ``data[start:]``; None if altered."""
+        nonce_end: cython.Py_ssize_t = start + _HEADER
+        try:
+            result: bytes = self._decrypt(data[start + 5 : nonce_end], data[nonce_end:], where)
+        except InvalidTag:
+            return None
+        return result
+
+
+def open_events(
+    heads: Mapping[bytes, Cipher], at: bytes, records: list[bytes]
+) -> list[bytes] | None:
+    """Return the records of a session's events opened; None unless every one opens here.
+
+    ``heads`` are the ciphers of the session's user (``Keyring.heads``),
+    ``at`` its ``event_place``. Each event as ``Cipher.seal_event`` wrote
+    it, under one of those keys, costs one AES-GCM call and a few slices;
+    anything else (an altered or moved record, another layout, a key not
+    unwrapped or erased) makes the answer None, and the caller opens the
+    records one by one on the path that says what is wrong.
+    """
+    opened = []
+    start: cython.Py_ssize_t
+    cipher: Cipher | None
+    stamp: cython.Py_ssize_t
+    for data in records:
+        start = _sealed_start(data)
+        if start < 0:
+            return None
+        cipher = heads.get(data[start : start + 5])
+        if cipher is None:
+            return None
+        # The place: the session's head, the packed id and the packed time.
+        stamp = _str_end(data, 5)
+        plain = cipher.open_at(
+            data, start, b"".join((at, data[5:stamp], data[stamp + 10 : stamp + 19]))
+        )
+        if plain is None:
+            return None
+        opened.append(plain)
+    return opened
+
+
+def open_values(
+    heads: Mapping[bytes, Cipher], prefix: bytes, values: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Return a state map's values opened and decoded; None unless every one opens here.
+
+    ``prefix`` is the map's place; as ``open_events``, anything out of the
+    ordinary makes the answer None (a value that opens but does not decode
+    is a CorruptStoreError, as on the slow path).
+    """
+    opened = {}
+    cipher: Cipher | None
+    for key, sealed in values.items():
+        if type(sealed) is not bytes or len(sealed) < _SHORTEST:
+            return None
+        cipher = heads.get(sealed[:5])
+        if cipher is None:
+            return None
+        plain = cipher.open_at(sealed, 0, prefix + key.encode())
+        if plain is None:
+            return None
+        opened[key] = decode_stored(plain, "a state value")
+    return opened
+
+
+Items = list[tuple[str, bytes]]
+
+
+def seal_many(
+    users: list[Cipher],
+    apps: list[Cipher],
+    places: list[tuple[bytes, ...]],
+    owners: list[int],
+    event_ids: list[str],
+    timestamps: list[float],
+    events: list[bytes],
+    item_lists: tuple[list[Items], list[Items], list[Items]],
+) -> tuple[list[bytes], list[Items], list[Items], list[Items]]:
+    """Return a batch's events and state items sealed (what ``EncryptedStore`` hands down).
+
+    Event ``n`` belongs to session ``owners[n]``, whose user's cipher is
+    ``users[owner]``, its app's ``apps[owner]``, and whose places are
+    ``places[owner]`` (app, user and session maps, events' head, first).
+    ``item_lists`` holds the app, user and session items of every event.
+    """
+    app_lists, user_lists, session_lists = item_lists
+    sealed_events: list[bytes] = []
+    app_items: list[Items] = []
+    user_items: list[Items] = []
+    session_items: list[Items] = []
+    size: cython.Py_ssize_t = len(events)
+    index: cython.Py_ssize_t
+    owner: cython.Py_ssize_t
+    cipher: Cipher
+    for index in range(size):
+        owner = owners[index]
+        cipher = users[owner]
+        at = places[owner]
+        sealed_events.append(
+            cipher.seal_event(at[3], event_ids[index], timestamps[index], events[index])
+        )
+        items = app_lists[index]
+        app_items.append(apps[owner].seal_items(items, at[0]) if items else items)
+        items = user_lists[index]
+        user_items.append(cipher.seal_items(items, at[1]) if items else items)
+        items = session_lists[index]
+        session_items.append(cipher.seal_items(items, at[2]) if items else items)
+    return sealed_events, app_items, user_items, session_items

@@ -18,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..codec import pack, unpack
+from ..core import compiled_or_twin
 from ..errors import CorruptStoreError, EncryptionKeyError, KeyErasedError
 from .envelope import Cipher
 from .kek import Kek
@@ -29,7 +32,10 @@ from .keystore import KeyBackend
 __all__ = ["META", "Keyring", "app_scope", "rotate_kek", "user_scope"]
 
 META = b"meta"
+# Sealing and opening run the compiled build of the envelope when there is one.
+_envelope = compiled_or_twin("sessionscope.crypto.envelope")
 _CACHED_SCOPES = 65536
+_NONE: Mapping[bytes, Cipher] = MappingProxyType({})
 SCOPES = b"k"
 
 
@@ -94,8 +100,8 @@ class Keyring:
         self._keys = keys
         self.store_id = store_id
         self._lock = threading.Lock()
-        # scope -> (current cipher, every cipher by key id)
-        self._cache: dict[bytes, tuple[Cipher, dict[int, Cipher]]] = {}
+        # scope -> (current cipher, every cipher by key id, and by sealed header)
+        self._cache: dict[bytes, tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher]]] = {}
 
     def __repr__(self) -> str:
         return f"Keyring(keys={self._keys.where!r}, kek_id={self._kek.key_id!r})"
@@ -130,6 +136,15 @@ class Keyring:
         known = self._cache.get(scope)
         return None if known is None else known[1].get(key_id)
 
+    def heads(self, scope: bytes) -> Mapping[bytes, Cipher]:
+        """Return the ciphers this keyring holds unwrapped for a scope, by ``Cipher.head``.
+
+        Empty when it holds none: the caller takes the path that reads the
+        key store (``cipher``), which also says when a key was erased.
+        """
+        known = self._cache.get(scope)
+        return _NONE if known is None else known[2]
+
     def cipher(self, scope: bytes, key_id: int, what: str) -> Cipher:
         """Return the cipher of data key ``key_id`` of a scope; KeyErasedError if it is gone."""
         known = self._cache.get(scope)
@@ -157,7 +172,7 @@ class Keyring:
                 raw = self._keys.add(scope, self._record(scope, None))
             new = self._record(scope, raw)
             if self._keys.swap(scope, raw, new):
-                return self._load(scope, new)[0].key_id
+                return int(self._load(scope, new)[0].key_id)
 
     def erase(self, scope: bytes, *, prefix: bool = False) -> None:
         """Destroy a scope's data keys (with ``prefix``, of every scope under it)."""
@@ -193,7 +208,9 @@ class Keyring:
                 "with the old and the new key",
             )
 
-    def _load(self, scope: bytes, raw: bytes) -> tuple[Cipher, dict[int, Cipher]]:
+    def _load(
+        self, scope: bytes, raw: bytes
+    ) -> tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher]]:
         kek_id, current, wrapped = _parse(self._keys, raw)
         self._check_kek(kek_id)
         ciphers: dict[int, Cipher] = {}
@@ -204,12 +221,12 @@ class Keyring:
                     f"a data key of {self._keys.where} does not unwrap (key id {key_id:#010x}): "
                     "its record was altered or moved"
                 )
-            ciphers[key_id] = Cipher(key_id, data_key)
+            ciphers[key_id] = _envelope.Cipher(key_id, data_key)
         if current not in ciphers:
             raise CorruptStoreError(
                 f"a data-key record of {self._keys.where} lacks its current key"
             )
-        loaded = (ciphers[current], ciphers)
+        loaded = (ciphers[current], ciphers, {c.head: c for c in ciphers.values()})
         with self._lock:
             # Bounded: a long-lived process meets many users; a scope dropped
             # is unwrapped again on its next use.

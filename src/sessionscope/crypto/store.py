@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..codec import decode_event, decode_stored, pack, pack_event
+from ..codec import decode_event, decode_stored, pack
+from ..core import compiled_or_twin
 from ..errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreError
 from ..stores.completion import Completion
 from ..stores.protocol import Store
@@ -49,7 +50,15 @@ from ..stores.records import (
     copies_equal,
     event_copy,
 )
-from .envelope import HEADER, SEALED_VERSION, Cipher, place, split, state_place
+from .envelope import (
+    HEADER,
+    SEALED_VERSION,
+    Cipher,
+    event_place,
+    place,
+    split,
+    state_place,
+)
 from .kek import Kek, kek_from
 from .keyring import Keyring, app_prefix, app_scope, read_meta, user_scope
 from .keystore import KeyBackend, open_key_store
@@ -62,6 +71,9 @@ U = TypeVar("U")
 # The app whose app state marks a store as encrypted (defined with the records).
 MARKER_APP = ENCRYPTION_MARKER_APP
 MARKER_FORMAT = 1
+# The compiled build of the envelope when there is one (its ciphers come from
+# the keyring, which takes the same build).
+_envelope = compiled_or_twin("sessionscope.crypto.envelope")
 
 
 @dataclass(frozen=True)
@@ -151,6 +163,11 @@ def _keyring(inner: Store, marker: dict[str, Any], keys: KeyBackend, kek: Kek) -
     return Keyring(kek, keys, meta["id"])
 
 
+# A session's places: of its app, user and session maps, of its events (the
+# head), and the key-store keys of its user's and its app's data keys.
+_Places = tuple[bytes, bytes, bytes, bytes, bytes, bytes]
+
+
 def _name(app: str, user: str, session: str) -> str:
     return f"{app!r}/{user!r}/{session!r}"[:300]
 
@@ -204,7 +221,7 @@ class EncryptedStore:
         # into key-store keys on every call; emptied on erasure and rotation.
         self._users: dict[tuple[str, str], Cipher] = {}
         self._apps: dict[str, Cipher] = {}
-        self._session_places: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
+        self._session_places: dict[tuple[str, str, str], _Places] = {}
 
     def __repr__(self) -> str:
         return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
@@ -276,18 +293,28 @@ class EncryptedStore:
         record: bytes,
     ) -> bytes:
         """Return an event record as stored: its id and time, and the record sealed."""
-        sealed = cipher.seal_fixed(record, place("e", app, user, session, event_id, stamp))
-        return pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})
+        return cipher.seal_event(self._places(app, user, session)[3], event_id, stamp, record)
 
     def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
         return cipher.seal_items(items, place(*where))
 
-    def _places(self, app: str, user: str, session: str) -> tuple[bytes, bytes, bytes]:
-        """Return the places of a session's app, user and session maps, made once a session."""
+    def _places(self, app: str, user: str, session: str) -> _Places:
+        """Return the places of a session's app, user and session maps and events' head.
+
+        Made once a session (the events' head is ``event_place``), with the
+        key-store keys of its user's and its app's data keys.
+        """
         key = (app, user, session)
         known = self._session_places.get(key)
         if known is None:
-            known = (place("a", app), place("u", app, user), place("s", app, user, session))
+            known = (
+                place("a", app),
+                place("u", app, user),
+                place("s", app, user, session),
+                event_place(app, user, session),
+                user_scope(app, user),
+                app_scope(app),
+            )
             if len(self._session_places) >= 65536:
                 self._session_places.clear()
             self._session_places[key] = known
@@ -296,21 +323,20 @@ class EncryptedStore:
     def _request(self, request: AppendRequest) -> AppendRequest:
         app, user, session = request.app_name, request.user_id, request.session_id
         cipher = self._user(app, user)
-        at_app, at_user, at_session = self._places(app, user, session)
+        at_app, at_user, at_session, at_events, _, _ = self._places(app, user, session)
         app_items, user_items, session_items = (
             request.app_items,
             request.user_items,
             request.session_items,
         )
+        event_id, stamp = request.event_id, request.timestamp
         return AppendRequest(
             app,
             user,
             session,
-            request.event_id,
-            request.timestamp,
-            self.seal_event(
-                cipher, app, user, session, request.event_id, request.timestamp, request.event
-            ),
+            event_id,
+            stamp,
+            cipher.seal_event(at_events, event_id, stamp, request.event),
             self._app(app).seal_items(app_items, at_app) if app_items else app_items,
             cipher.seal_items(user_items, at_user) if user_items else user_items,
             cipher.seal_items(session_items, at_session) if session_items else session_items,
@@ -328,26 +354,17 @@ class EncryptedStore:
         users = [self._user(app, user) for app, user, _ in keys]
         apps = [self._app(app) for app, _, _ in keys]
         places = [self._places(app, user, session) for app, user, session in keys]
-        seal = self.seal_event
         event_ids, timestamps = batch.event_ids, batch.timestamps
-        events = []
-        app_items: list[Items] = []
-        user_items: list[Items] = []
-        session_items: list[Items] = []
-        for index, record in enumerate(batch.events):
-            owner = owners[index]
-            app, user, session = keys[owner]
-            cipher = users[owner]
-            at_app, at_user, at_session = places[owner]
-            events.append(
-                seal(cipher, app, user, session, event_ids[index], timestamps[index], record)
-            )
-            items = batch.app_items[index]
-            app_items.append(apps[owner].seal_items(items, at_app) if items else items)
-            items = batch.user_items[index]
-            user_items.append(cipher.seal_items(items, at_user) if items else items)
-            items = batch.session_items[index]
-            session_items.append(cipher.seal_items(items, at_session) if items else items)
+        events, app_items, user_items, session_items = _envelope.seal_many(
+            users,
+            apps,
+            places,
+            owners,
+            event_ids,
+            timestamps,
+            batch.events,
+            (batch.app_items, batch.user_items, batch.session_items),
+        )
         return AppendBatch(
             keys,
             owners,
@@ -387,6 +404,26 @@ class EncryptedStore:
         self, app: str, user: str, session: str, data: bytes, scope: bytes | None = None
     ) -> bytes:
         """Return the record an event of a session was appended with."""
+        if scope is None:
+            scope = user_scope(app, user)
+        return self._open_events(app, user, session, [data], scope)[0]
+
+    def _open_events(
+        self, app: str, user: str, session: str, records: list[bytes], scope: bytes
+    ) -> list[bytes]:
+        """Return the records a session's events were appended with, opened.
+
+        ``open_events`` opens them all at once when nothing is out of the
+        ordinary; otherwise each is opened on its own by ``_open_event``,
+        which says what is wrong (an altered record, an erased key...).
+        """
+        at = self._places(app, user, session)[3]
+        opened: list[bytes] | None = _envelope.open_events(self._keyring.heads(scope), at, records)
+        if opened is None:
+            opened = [self._open_event(app, user, session, data, scope) for data in records]
+        return opened
+
+    def _open_event(self, app: str, user: str, session: str, data: bytes, scope: bytes) -> bytes:
         fields = decode_event(data)
         try:
             sealed = fields["sealed"]
@@ -398,8 +435,6 @@ class EncryptedStore:
                 f"{_event_name(fields, app, user, session)} is not a sealed event, "
                 "in an encrypted store"
             ) from None
-        if scope is None:
-            scope = user_scope(app, user)
         key_id = int.from_bytes(sealed[1:5], "big")
         cipher = self._keyring.cached(scope, key_id)
         if cipher is None:
@@ -425,19 +460,23 @@ class EncryptedStore:
         return plain
 
     def _open_map(self, values: dict[str, Any], scope: bytes, *where: str) -> dict[str, Any]:
-        prefix = place(*where)
-        cached = self._keyring.cached
+        return self._open_values(values, scope, place(*where), where)
+
+    def _open_values(
+        self, values: dict[str, Any], scope: bytes, prefix: bytes, where: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """Return a state map opened: ``prefix`` is its place, ``where`` its kind and ids."""
+        values_opened: dict[str, Any] | None = _envelope.open_values(
+            self._keyring.heads(scope), prefix, values
+        )
+        if values_opened is not None:
+            return values_opened
         opened = {}
         for key, sealed in values.items():
-            cipher = None
-            if type(sealed) is bytes and len(sealed) > HEADER and sealed[0] == SEALED_VERSION:
-                cipher = cached(scope, int.from_bytes(sealed[1:5], "big"))
-            plain = None if cipher is None else cipher.open(sealed, prefix + key.encode())
-            if plain is None:  # not cached, or not opening: the slow path says why
-                what = f"state value {key[:100]!r} of {'/'.join(repr(w) for w in where[1:])[:300]}"
-                if not isinstance(sealed, bytes):
-                    raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
-                plain = self._open(sealed, scope, state_place(prefix, key), what)
+            what = f"state value {key[:100]!r} of {'/'.join(repr(w) for w in where[1:])[:300]}"
+            if not isinstance(sealed, bytes):
+                raise CorruptStoreError(f"{what} is not encrypted, in an encrypted store")
+            plain = self._open(sealed, scope, state_place(prefix, key), what)
             opened[key] = decode_stored(plain, "a state value")
         return opened
 
@@ -447,22 +486,37 @@ class EncryptedStore:
             return None
         record = loaded.record
         app, user, session = record.app_name, record.user_id, record.session_id
-        scope = user_scope(app, user)
-        return LoadedSession(
-            record,
-            self._open_map(loaded.session_state, scope, "s", app, user, session),
-            self._open_map(loaded.app_state, app_scope(app), "a", app),
-            self._open_map(loaded.user_state, scope, "u", app, user),
-            [self.open_event(app, user, session, event, scope) for event in loaded.events],
+        at_app, at_user, at_session, at_events, scope, scope_of_app = self._places(
+            app, user, session
         )
+        # The quick path for the whole session (one lookup of the user's keys);
+        # whatever it does not open goes through the methods that say why.
+        heads = self._keyring.heads(scope)
+        session_state = _envelope.open_values(heads, at_session, loaded.session_state)
+        if session_state is None:
+            session_state = self._open_values(
+                loaded.session_state, scope, at_session, ("s", app, user, session)
+            )
+        app_state = _envelope.open_values(
+            self._keyring.heads(scope_of_app), at_app, loaded.app_state
+        )
+        if app_state is None:
+            app_state = self._open_values(loaded.app_state, scope_of_app, at_app, ("a", app))
+        user_state = _envelope.open_values(heads, at_user, loaded.user_state)
+        if user_state is None:
+            user_state = self._open_values(loaded.user_state, scope, at_user, ("u", app, user))
+        events = _envelope.open_events(heads, at_events, loaded.events)
+        if events is None:
+            events = self._open_events(app, user, session, loaded.events, scope)
+        return LoadedSession(record, session_state, app_state, user_state, events)
 
     def _open_result(self, request: AppendRequest) -> Callable[[AppendResult], AppendResult]:
         def then(result: AppendResult) -> AppendResult:
             if result.missed_events:
-                result.missed_events = [
-                    self.open_event(request.app_name, request.user_id, request.session_id, e)
-                    for e in result.missed_events
-                ]
+                app, user = request.app_name, request.user_id
+                result.missed_events = self._open_events(
+                    app, user, request.session_id, result.missed_events, user_scope(app, user)
+                )
             if result.stored_state is not None:
                 result.stored_state = self.open_loaded(result.stored_state)
             return result
@@ -474,10 +528,10 @@ class EncryptedStore:
             return None
         record, events = page
         app, user, session = record.app_name, record.user_id, record.session_id
-        scope = user_scope(app, user)
-        return record, [
-            (pos, self.open_event(app, user, session, data, scope)) for pos, data in events
-        ]
+        opened = self._open_events(
+            app, user, session, [data for _, data in events], user_scope(app, user)
+        )
+        return record, [(pos, plain) for (pos, _), plain in zip(events, opened, strict=True)]
 
     # -- the Store protocol ----------------------------------------------
 
@@ -616,8 +670,9 @@ class EncryptedStore:
         self, app_name: str, user_id: str, session_id: str
     ) -> Callable[[list[bytes]], list[bytes]]:
         def then(records: list[bytes]) -> list[bytes]:
-            scope = user_scope(app_name, user_id)
-            return [self.open_event(app_name, user_id, session_id, e, scope) for e in records]
+            return self._open_events(
+                app_name, user_id, session_id, records, user_scope(app_name, user_id)
+            )
 
         return then
 
