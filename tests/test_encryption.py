@@ -850,11 +850,19 @@ def test_the_command_line_needs_the_key_to_show_values_and_says_so(tmp_path: Pat
     plain_uri = place.uri()
     env = {"SESSIONSCOPE_TEST_KEK": KEK.hex()}
     keyed = f"{plain_uri}?key_env=SESSIONSCOPE_TEST_KEK&keys={_quote(place.keys)}"
-    for command in (["show", plain_uri, "shop", "ada", "s1"], ["ls", plain_uri]):
+    # verify too: an encrypted store opened without its key is not a damaged one.
+    for command in (
+        ["show", plain_uri, "shop", "ada", "s1"],
+        ["ls", plain_uri],
+        ["verify", plain_uri],
+        ["backup", plain_uri, str(tmp_path / "keyless-copy")],
+    ):
         done = run_cli(*command, extra_env=env)
         assert done.returncode == 2, done.stderr
         assert "is encrypted" in done.stderr and "key" in done.stderr
         assert "Traceback" not in done.stderr
+        assert "restore" not in done.stdout + done.stderr
+    assert not (tmp_path / "keyless-copy").exists()
     done = run_cli("show", keyed, "shop", "ada", "s1", "--json", extra_env=env)
     assert done.returncode == 0, done.stderr
     assert SECRETS["session"].decode() + "ada" in done.stdout

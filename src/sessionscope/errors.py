@@ -12,6 +12,7 @@ __all__ = [
     "CorruptStoreError",
     "DumpError",
     "DuplicateEventError",
+    "EncryptedStoreError",
     "EncryptionKeyError",
     "IncompatibleStoreError",
     "KeyErasedError",
@@ -68,6 +69,14 @@ class StoreError(SessionscopeError, RuntimeError):
 
 class IncompatibleStoreError(StoreError):
     """The path holds something that is not a store this version can open."""
+
+
+class EncryptedStoreError(IncompatibleStoreError):
+    """The store was written encrypted, and is opened without its key.
+
+    Nothing is read or written: give the key-encryption key and the key
+    store (see docs/encryption.md).
+    """
 
 
 class StoreClosedError(StoreError):

@@ -41,6 +41,7 @@ from ..admin.ops import (
 from ..admin.outfile import check_output
 from ..errors import (
     CorruptStoreError,
+    EncryptedStoreError,
     IncompatibleStoreError,
     SessionscopeError,
     StoreNotFoundError,
@@ -69,7 +70,8 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
     except MissingStoreError as error:
         raise UsageError(f"no store: {error}") from None
     except IncompatibleStoreError as error:
-        raise UsageError(str(error)) from None
+        # Chained: verify tells an encrypted store (a usage error) from damage.
+        raise UsageError(str(error)) from error
     except SessionscopeError:
         raise
     except ValueError as error:  # an unknown scheme or option
@@ -458,9 +460,14 @@ def verify(args: argparse.Namespace) -> int:
     try:
         store = open_uri(args.uri)
     except UsageError as error:
-        # A path that holds a store file refused at open is a finding, not bad usage.
+        # A path that holds a store file refused at open is a finding, not bad
+        # usage; an encrypted store opened without its key is bad usage.
         path = lmdb_path(args.uri)
-        if path is None or not (path / "data.mdb").is_file():
+        if (
+            path is None
+            or not (path / "data.mdb").is_file()
+            or isinstance(error.__cause__, EncryptedStoreError)
+        ):
             raise
         return _verify_report(args, _refused(error))
     except CorruptStoreError as error:

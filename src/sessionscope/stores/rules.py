@@ -17,7 +17,7 @@ from typing import Any
 from ..codec import events_equal
 from ..errors import (
     DuplicateEventError,
-    IncompatibleStoreError,
+    EncryptedStoreError,
     SessionNotFoundError,
     StaleSessionError,
 )
@@ -275,7 +275,7 @@ def refuse_encrypted(marker: Mapping[str, Any], where: str) -> None:
     password).
     """
     if marker:
-        raise IncompatibleStoreError(
+        raise EncryptedStoreError(
             f"{where} is encrypted: it cannot be read or written without its key",
             hint="give its key-encryption key and key store: key_file= or key_env=, "
             "and keys= (see docs/encryption.md)",
