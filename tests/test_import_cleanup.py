@@ -82,6 +82,16 @@ def _writing(target: Path) -> bool:
     return False
 
 
+def _interruptible() -> None:
+    """Give the child the default SIGINT, whatever this process inherited.
+
+    A shell starts a background job (``pytest &`` from a script) with SIGINT
+    ignored, and a child inherits that: the import would never see the
+    interrupt these tests send it.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _import_stopped_after_creating(target: Path, dump: Path) -> subprocess.Popen[str]:
     """Start an import; stop it once it has created the store, outside any write of it.
 
@@ -96,6 +106,7 @@ def _import_stopped_after_creating(target: Path, dump: Path) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
+        preexec_fn=_interruptible,
     )
     deadline = time.monotonic() + 60
     while True:
