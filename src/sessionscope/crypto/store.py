@@ -486,28 +486,16 @@ class EncryptedStore:
             return None
         record = loaded.record
         app, user, session = record.app_name, record.user_id, record.session_id
-        at_app, at_user, at_session, at_events, scope, scope_of_app = self._places(
+        at_app, at_user, at_session, _, scope, scope_of_app = self._places(
             app, user, session
         )
-        # The quick path for the whole session (one lookup of the user's keys);
-        # whatever it does not open goes through the methods that say why.
-        heads = self._keyring.heads(scope)
-        session_state = _envelope.open_values(heads, at_session, loaded.session_state)
-        if session_state is None:
-            session_state = self._open_values(
-                loaded.session_state, scope, at_session, ("s", app, user, session)
-            )
-        app_state = _envelope.open_values(
-            self._keyring.heads(scope_of_app), at_app, loaded.app_state
+        # Each opener takes the quick path first and says why a value does not open.
+        session_state = self._open_values(
+            loaded.session_state, scope, at_session, ("s", app, user, session)
         )
-        if app_state is None:
-            app_state = self._open_values(loaded.app_state, scope_of_app, at_app, ("a", app))
-        user_state = _envelope.open_values(heads, at_user, loaded.user_state)
-        if user_state is None:
-            user_state = self._open_values(loaded.user_state, scope, at_user, ("u", app, user))
-        events = _envelope.open_events(heads, at_events, loaded.events)
-        if events is None:
-            events = self._open_events(app, user, session, loaded.events, scope)
+        app_state = self._open_values(loaded.app_state, scope_of_app, at_app, ("a", app))
+        user_state = self._open_values(loaded.user_state, scope, at_user, ("u", app, user))
+        events = self._open_events(app, user, session, loaded.events, scope)
         return LoadedSession(record, session_state, app_state, user_state, events)
 
     def _open_result(self, request: AppendRequest) -> Callable[[AppendResult], AppendResult]:
