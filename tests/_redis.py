@@ -30,6 +30,10 @@ def have_redis() -> bool:
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
 
 
+class _PortTaken(Exception):
+    """A server could not bind its port: something took it after ``free_port``."""
+
+
 def free_port(bus: bool = False) -> int:
     """Return a loopback port free now (with ``bus``: its cluster bus port too)."""
     for _ in range(100):
@@ -65,7 +69,23 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        """Start the server (again, on the same port and files) and wait until it answers."""
+        """Start the server (again, on the same port and files) and wait until it answers.
+
+        A first start whose port was taken between ``free_port`` and the
+        server's bind (another test run on the machine) tries another port;
+        a restart keeps its port, which its clients know.
+        """
+        first = self.proc is None
+        for _ in range(5):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if not first:
+                    raise
+                self.port = free_port(bus=self.cluster)
+        raise RuntimeError("redis-server found no free port in five tries")
+
+    def _start_once(self) -> RedisServer:
         args = [
             "redis-server",
             "--port", str(self.port),
@@ -77,7 +97,9 @@ class RedisServer:
         ]  # fmt: skip
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        log = open(self.directory / "server.log", "ab")  # noqa: SIM115 - handed to the child
+        log_path = self.directory / "server.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, cwd=self.directory)
         finally:
@@ -86,7 +108,11 @@ class RedisServer:
         while self.cli("PING", check=False) != "PONG":
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                log_text = (self.directory / "server.log").read_text(errors="replace")
+                with open(log_path, "rb") as read:
+                    read.seek(logged)
+                    log_text = read.read().decode(errors="replace")
+                if "Address already in use" in log_text:
+                    raise _PortTaken(self.port)
                 raise RuntimeError(f"redis-server did not start: {log_text[-2000:]}")
             time.sleep(0.05)
         return self
