@@ -2,16 +2,22 @@
 
     python benchmarks/bench_encryption.py [--rounds N] [--quick]
 
-The workload is the agent mix of ``sessionscope bench`` (``bench.speed.turn_records``:
-a user message, a model reply calling a tool, the tool's answer, each with a
-session, ``user:``, ``app:`` and ``temp:`` delta). For each store (LMDB
-deferred, LMDB durable, memory) the plain and the encrypted store are
-measured round by round, alternating, and each figure is the median over
-rounds of each round's median:
+The workload is the agent mix (``sessionscope.bench.mix``, as ``sessionscope
+bench`` takes it: sessions of the mix appended in the mix's order, the
+second writer's appends through ``append_event_locked``). For each store
+(LMDB deferred, LMDB durable, memory) the plain and the encrypted store are
+measured round by round, alternating, on the same sessions of the mix (a
+new seed each round), and each figure is the median over rounds of each
+round's median:
 
-- one append (``append_event``), per call;
-- ``get_session(num_recent_events=10)`` on a session of 1,000 events;
-- ``append_many`` in batches of 1,000 over 100 sessions (LMDB deferred), events/s.
+- one append, per call (durable: the round's first appends only);
+- ``get_session(num_recent_events=10)`` of each session after its appends,
+  as an agent reads its session between turns (an encrypted store keeps
+  the events it sealed, and the values it opened, opened);
+- the same read of sessions written by ``append_many`` (whose values an
+  encrypted store does not keep), so every value it reads is opened: what
+  reading another process's writes costs;
+- ``append_many`` in batches of 1,000 over the mix (LMDB deferred), events/s.
 
 The targets (docs/encryption.md): at most 1.2x on append and on the read,
 and ``append_many`` at least 100,000 events/s encrypted.
@@ -24,14 +30,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from sessionscope import SyncSessionService
 from sessionscope.bench.replay import collector_paused
-from sessionscope.bench.speed import turn_records
+from sessionscope.bench.speed import Workload, live_appends, mix_spec
 from sessionscope.crypto import Encryption
 from sessionscope.model import GetSessionConfig
-from sessionscope.service.core import event_from_record
 from sessionscope.stores import open_store
 
 KEK = bytes(range(32))
@@ -40,13 +44,7 @@ STORES = {
     "lmdb durable": "lmdb://{dir}/{name}?durability=sync",
     "memory": "memory://",
 }
-
-
-def _events(count: int, prefix: str) -> list[Any]:
-    records = turn_records(count, prefix=prefix)
-    for record in records:
-        record["actions"] = {"state_delta": dict(record["actions"]["state_delta"])}
-    return [event_from_record(record) for record in records]
+LAST_10 = GetSessionConfig(num_recent_events=10)
 
 
 def _open(kind: str, directory: Path, name: str, encrypted: bool) -> SyncSessionService:
@@ -55,37 +53,42 @@ def _open(kind: str, directory: Path, name: str, encrypted: bool) -> SyncSession
     return SyncSessionService(open_store(uri, encryption=encryption))
 
 
-def _append_us(service: SyncSessionService, count: int, tag: str) -> float:
-    session = service.create_session(app_name="bench", user_id="u", session_id=tag)
-    samples = []
-    clock = time.perf_counter_ns
-    for event in _events(count, tag):
-        began = clock()
-        service.append_event(session, event)
-        samples.append(clock() - began)
+def _median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1e3
 
 
-def _get10_us(service: SyncSessionService, reads: int, tag: str) -> float:
-    session = service.create_session(app_name="bench", user_id="u", session_id=tag)
-    service.append_many([(session, event) for event in _events(1000, tag)])
-    config = GetSessionConfig(num_recent_events=10)
-    samples = []
+def _appends_us(service: SyncSessionService, work: Workload, count: int | None) -> float:
+    """Append the mix's events (the first ``count``); return the median us per append."""
+    appends = live_appends(service, work)[:count]
     clock = time.perf_counter_ns
-    for _ in range(reads):
-        began = clock()
-        got = service.get_session(app_name="bench", user_id="u", session_id=tag, config=config)
-        samples.append(clock() - began)
-        assert got is not None and len(got.events) == 10
-    return statistics.median(samples) / 1e3
+    samples = []
+    with collector_paused():
+        for session, event, second in appends:
+            began = clock()
+            if second:
+                service.append_event_locked(session, event)
+            else:
+                service.append_event(session, event)
+            samples.append(clock() - began)
+    return _median_us(samples)
 
 
-def _bulk_rate(service: SyncSessionService, count: int, tag: str) -> float:
-    sessions = [
-        service.create_session(app_name="bench", user_id=f"u{i % 10}", session_id=f"{tag}-{i}")
-        for i in range(100)
-    ]
-    pairs = [(sessions[i % 100], event) for i, event in enumerate(_events(count, tag))]
+def _reads_us(service: SyncSessionService, work: Workload) -> float:
+    """Read the last 10 events of each session of the mix once; return the median us."""
+    clock = time.perf_counter_ns
+    samples = []
+    with collector_paused():
+        for app, user, sid in (key for key, _ in work.creates):
+            began = clock()
+            got = service.get_session(app_name=app, user_id=user, session_id=sid, config=LAST_10)
+            samples.append(clock() - began)
+            assert got is not None
+    return _median_us(samples)
+
+
+def _bulk(service: SyncSessionService, work: Workload) -> float:
+    """Append the mix in batches of 1,000; return events/s."""
+    pairs = [(session, event) for session, event, _ in live_appends(service, work)]
     with collector_paused():
         began = time.perf_counter()
         for start in range(0, len(pairs), 1000):
@@ -93,7 +96,7 @@ def _bulk_rate(service: SyncSessionService, count: int, tag: str) -> float:
         return len(pairs) / (time.perf_counter() - began)
 
 
-def measure(rounds: int, appends: int, durable_appends: int, bulk: int) -> list[list[str]]:
+def measure(rounds: int, sessions: int, durable_appends: int, bulk: int) -> list[list[str]]:
     """Return the table's rows: figure, plain, encrypted, ratio."""
     results: dict[str, dict[bool, list[float]]] = {}
 
@@ -103,24 +106,36 @@ def measure(rounds: int, appends: int, durable_appends: int, bulk: int) -> list[
     with tempfile.TemporaryDirectory(prefix="sessionscope-bench-enc-") as root:
         directory = Path(root)
         for number in range(rounds):
+            work = Workload.of(mix_spec(sessions, seed=number))
+            bulk_work = Workload.of(mix_spec(bulk, seed=1000 + number))
             for encrypted in (False, True) if number % 2 == 0 else (True, False):
                 side = "enc" if encrypted else "plain"
                 for kind in STORES:
+                    durable = kind == "lmdb durable"
                     name = f"{kind.replace(' ', '-')}-{side}-{number}"
                     with _open(kind, directory, name, encrypted) as service:
-                        count = durable_appends if kind == "lmdb durable" else appends
-                        add(f"append, {kind} (us)", encrypted, _append_us(service, count, "a"))
+                        count = durable_appends if durable else None
+                        add(f"append, {kind} (us)", encrypted, _appends_us(service, work, count))
+                        if durable:
+                            continue
                         add(
-                            f"get_session(num_recent_events=10), {kind} (us)",
+                            f"get_session(num_recent_events=10) after the appends, {kind} (us)",
                             encrypted,
-                            _get10_us(service, appends, "g"),
+                            _reads_us(service, work),
                         )
+                    with _open(kind, directory, f"{name}-bulk", encrypted) as service:
+                        rate = _bulk(service, bulk_work)
                         if kind == "lmdb deferred":
                             add(
                                 "append_many, batches of 1,000, lmdb deferred (events/s)",
                                 encrypted,
-                                _bulk_rate(service, bulk, "b"),
+                                rate,
                             )
+                        add(
+                            f"the same read of append_many's sessions, {kind} (us)",
+                            encrypted,
+                            _reads_us(service, bulk_work),
+                        )
     rows = []
     for name, sides in results.items():
         plain, enc = statistics.median(sides[False]), statistics.median(sides[True])
@@ -132,12 +147,10 @@ def measure(rounds: int, appends: int, durable_appends: int, bulk: int) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and events")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and sessions")
     args = parser.parse_args()
-    rounds, appends, durable, bulk = (
-        (2, 150, 40, 5_000) if args.quick else (args.rounds, 400, 120, 20_000)
-    )
-    rows = measure(rounds, appends, durable, bulk)
+    rounds, sessions, durable, bulk = (2, 10, 40, 30) if args.quick else (args.rounds, 40, 150, 150)
+    rows = measure(rounds, sessions, durable, bulk)
     header = ["figure", "plain", "encrypted", "cost"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:

@@ -370,7 +370,14 @@ def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
 ) -> None:
     """The event envelope is built piece by piece; its bytes are those of the format."""
     from sessionscope import codec
-    from sessionscope.crypto.envelope import Cipher, event_parts, event_place, open_events, place
+    from sessionscope.crypto.envelope import (
+        Cipher,
+        Opened,
+        event_parts,
+        event_place,
+        open_events,
+        place,
+    )
 
     cipher = Cipher(0x01020304, bytes(range(32)))
     event_id, stamp, record = (
@@ -391,12 +398,98 @@ def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
     assert event_place("app", "u", "s") + tail == where
     assert sealed[start : start + 5] == cipher.head
     heads = {cipher.head: cipher}
-    assert open_events(heads, event_place("app", "u", "s"), [sealed]) == [record]
-    assert open_events(heads, event_place("app", "u", "t"), [sealed]) is None
-    assert open_events({}, event_place("app", "u", "s"), [sealed]) is None
+    at = event_place("app", "u", "s")
+    opened = Opened()  # what a store keeps of the events it sealed or opened
+    assert open_events(heads, at, [sealed], opened) == [record]
+    # Met before, it is served again only as the same bytes at the same place.
+    assert open_events(heads, event_place("app", "u", "t"), [sealed], opened) is None
+    assert open_events({}, at, [sealed], Opened()) is None
+    assert open_events({}, at, [sealed], opened) == [record]
+    if record_size:
+        # Its ciphertext altered, its tag (the entry's key) kept: AES-GCM refuses it.
+        assert open_events(heads, at, [_flip(sealed, len(sealed) - 17)], opened) is None
     # Truncated or extended, it is not read as a sealed event.
     assert event_parts(sealed[:-1]) is None
     assert event_parts(sealed + b"\x00") is None
+
+
+def test_opened_values_are_bounded_in_bytes_and_forgotten_on_clear() -> None:
+    from sessionscope.crypto.envelope import Opened
+
+    opened = Opened(limit=10_000)
+    for number in range(100):
+        opened.put(number.to_bytes(2, "big") * 100, b"place", "", b"p" * 200)
+        assert 0 < opened.size <= 10_000
+    newest = (99).to_bytes(2, "big") * 100
+    assert opened.record(newest, b"place") == b"p" * 200
+    assert opened.record(newest, b"elsewhere") is None
+    assert opened.record((0).to_bytes(2, "big") * 100, b"place") is None  # dropped when full
+    # A value larger than the whole bound is not kept.
+    opened.put(b"x" * 20_000, b"place", "", b"big")
+    assert opened.record(b"x" * 20_000, b"place") is None
+    opened.clear()
+    assert opened.size == 0 and opened.record(newest, b"place") is None
+
+
+def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read() -> None:
+    """A caller may change the list it was given: the next read must not see the change."""
+    from sessionscope.codec import pack
+    from sessionscope.crypto.envelope import MISSING, Opened
+
+    opened = Opened()
+    for number, value in enumerate([["a", {"b": 1}], {"k": [1]}, "text", 7, None, b"raw"]):
+        sealed = bytes([number]) * 40
+        opened.put(sealed, b"map", "key", pack(value))
+        first = opened.value(sealed, b"map", "key")
+        assert first == value
+        if isinstance(value, list):
+            first.append("changed")
+        elif isinstance(value, dict):
+            first["k"].append(2)
+        assert opened.value(sealed, b"map", "key") == value
+        # Found only under its own map and key.
+        assert opened.value(sealed, b"map", "other") is MISSING
+        assert opened.value(sealed, b"other map", "key") is MISSING
+
+
+def test_values_this_process_met_are_refused_once_altered_there_or_erased(place: Place) -> None:
+    """Values sealed or read here are kept opened; the same place's altered bytes still fail.
+
+    And an erasure forgets them: restored where they were, they are unreadable.
+    """
+    from sessionscope import codec
+
+    store = place.open()
+    try:
+        fill(store)
+        assert readable(store, "ada")
+        raw = store.raw
+        loaded = raw.load_session("shop", "ada", "s1", None, None)
+        copies = [_raw_event(e) for e in loaded.events]
+        state = [(key, codec.pack(value)) for key, value in loaded.session_state.items()]
+        record = codec.decode_event(loaded.events[1])
+        tampered = dict(record, sealed=_flip(record["sealed"], 30))
+        altered = list(copies)
+        altered[1] = EventCopy(record["id"], copies[1].timestamp, codec.pack_event(tampered))
+        raw.delete_session("shop", "ada", "s1").result()
+        raw.restore_session(SessionCopy("shop", "ada", "s1", 1.0, 2.0, state, altered)).result()
+        with pytest.raises(CorruptStoreError, match=rf"event '{record['id']}'.*altered"):
+            store.load_session("shop", "ada", "s1", None, None)
+        # Put back as they were, they read again.
+        raw.delete_session("shop", "ada", "s1").result()
+        raw.restore_session(SessionCopy("shop", "ada", "s1", 1.0, 2.0, state, copies)).result()
+        assert readable(store, "ada")
+
+        user_state = raw.read_user_state("shop", "ada")
+        assert SyncSessionService(store).delete_user(app_name="shop", user_id="ada") == 1
+        raw.restore_session(SessionCopy("shop", "ada", "s1", 1.0, 2.0, state, copies)).result()
+        raw.write_user_state(
+            "shop", "ada", [(key, codec.pack(value)) for key, value in user_state.items()]
+        ).result()
+        assert_erased(store, "ada")
+        assert readable(store, "bob")
+    finally:
+        store.close()
 
 
 def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:

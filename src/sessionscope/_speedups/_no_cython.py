@@ -56,6 +56,11 @@ def cclass(cls: C) -> C:
     return cls
 
 
+def no_gc(cls: C) -> C:
+    """Leave a class as it is (compiled, its objects are not tracked by the garbage collector)."""
+    return cls
+
+
 def inline(function: F) -> F:
     """Leave a function as it is (compiled, it is inlined)."""
     return function

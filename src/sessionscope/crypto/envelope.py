@@ -44,9 +44,11 @@ else:
 
 __all__ = [
     "HEADER",
+    "OPENED_LIMIT",
     "SEALED_VERSION",
     "TAG",
     "Cipher",
+    "Opened",
     "derive",
     "event_parts",
     "event_place",
@@ -242,11 +244,14 @@ class Cipher:
         return sealed
 
     @cython.ccall
-    def seal_items(self, items: list[tuple[str, bytes]], prefix: bytes) -> list[tuple[str, bytes]]:
+    def seal_items(
+        self, items: list[tuple[str, bytes]], prefix: bytes, opened: Opened | None = None
+    ) -> list[tuple[str, bytes]]:
         """Return state items with each value sealed at ``prefix`` and its key, as msgpack bin.
 
         One loop for the values of a map (what an append hands a store), so
-        a value costs its AES-GCM call and little else.
+        a value costs its AES-GCM call and little else. ``opened``, if
+        given, keeps each value, so that reading it back opens nothing.
         """
         encrypt = self._encrypt
         head = self.head
@@ -255,8 +260,12 @@ class Cipher:
         for key, value in items:
             number = next(count)  # atomic: itertools.count holds the GIL's promise
             nonce = _NONCE.pack(salt, number) if number < 0xFFFFFFFF else self._nonce()
-            body: bytes = encrypt(nonce, value, prefix + key.encode())
-            sealed.append((key, b"".join((_bin_head(_HEADER + len(body)), head, nonce, body))))
+            where = prefix + key.encode()
+            body: bytes = encrypt(nonce, value, where)
+            whole: bytes = b"".join((head, nonce, body))
+            if opened is not None:
+                opened.put(whole, prefix, key, value)
+            sealed.append((key, _bin_head(len(whole)) + whole))
         return sealed
 
     def _nonce(self) -> bytes:
@@ -332,23 +341,165 @@ class Cipher:
         return result
 
 
+# How many bytes of sealed values and their plaintext an ``Opened`` holds.
+OPENED_LIMIT = 16 << 20
+# What an entry costs beside its bytes: its object, its tag and its slot.
+_ENTRY_COST = cython.declare(cython.Py_ssize_t, 200)
+_TAG = cython.declare(cython.Py_ssize_t, TAG)
+# What ``Opened.value`` answers for a value not met before (a state value may
+# be None). Each build has its own: it never leaves this module's Opened.
+MISSING: Any = object()
+# Decoded values of these types are kept: no caller can change them.
+_IMMUTABLE = (str, int, float, bool, bytes, type(None))
+
+
+@cython.final
+@cython.no_gc
+@cython.cclass
+class _Kept:
+    """What an ``Opened`` keeps of one value.
+
+    Its objects hold str, bytes and immutable values only, so they can take
+    no part in a reference cycle: the garbage collector does not track
+    them, and a dict of them (an ``Opened``'s) is not walked by its passes,
+    which a full one would otherwise do entry by entry on every pass.
+    """
+
+    place: bytes
+    key: str
+    sealed: bytes
+    plain: bytes
+    # The state value decoded (kept for a str, a number, a bool, bytes or None), or MISSING.
+    value: Any
+
+    def __init__(self, place: bytes, key: str, sealed: bytes, plain: bytes, value: Any) -> None:
+        self.place = place
+        self.key = key
+        self.sealed = sealed
+        self.plain = plain
+        self.value = value
+
+
+@cython.final
+@cython.cclass
+class Opened:
+    """Values sealed or opened lately, so that reading one again costs no AES-GCM call.
+
+    An agent reads back, turn after turn, the events and state it has just
+    written or read. An entry is found by the sealed value's GCM tag (its
+    last 16 bytes) and serves only the very same bytes at the very same
+    place (an event's session, or a state value's map and key): a value
+    altered, moved or not met before goes through AES-GCM, which says what
+    is wrong with it. A state value decoded to a str, a number, a bool,
+    bytes or None is kept decoded; a list or a map is decoded afresh on
+    each read, as the caller may change it. It holds plaintext, as the
+    process does anyway while it works (the threat model in
+    docs/encryption.md leaves a live process's memory out); at most
+    ``limit`` bytes, emptied whole when full and when a key is erased or
+    rotated (``clear``).
+    """
+
+    _entries: dict[bytes, _Kept]
+    _size: cython.Py_ssize_t
+    _limit: cython.Py_ssize_t
+
+    def __init__(self, limit: int = OPENED_LIMIT) -> None:
+        self._entries = {}
+        self._size = 0
+        self._limit = limit
+
+    def __repr__(self) -> str:
+        return f"Opened({len(self._entries)} values, {self._size} of {self._limit} bytes)"
+
+    @property
+    def size(self) -> int:
+        """Return the bytes it holds, by its count."""
+        return self._size
+
+    @cython.cfunc
+    def _kept(self, sealed: bytes, place: bytes, key: str) -> _Kept | None:
+        size: cython.Py_ssize_t = len(sealed)
+        if size < _TAG:
+            return None
+        found = self._entries.get(sealed[size - _TAG :])
+        if found is None:
+            return None
+        kept: _Kept = found
+        if kept.sealed != sealed or kept.place != place or kept.key != key:
+            return None
+        return kept
+
+    @cython.ccall
+    def record(self, sealed: bytes, at: bytes) -> bytes | None:
+        """Return the record of a sealed event met before in the session ``at``, else None."""
+        kept = self._kept(sealed, at, "")
+        if kept is None:
+            return None
+        return kept.plain
+
+    @cython.ccall
+    def value(self, sealed: bytes, prefix: bytes, key: str) -> Any:
+        """Return state value ``key`` of the map ``prefix`` decoded if met before, else MISSING."""
+        kept = self._kept(sealed, prefix, key)
+        if kept is None:
+            return MISSING
+        value = kept.value
+        if value is MISSING:
+            value = decode_stored(kept.plain, "a state value")
+            if type(value) in _IMMUTABLE:
+                kept.value = value
+        return value
+
+    @cython.ccall
+    def put(
+        self, sealed: bytes, place: bytes, key: str, plain: bytes, value: Any = MISSING
+    ) -> None:
+        """Remember what ``sealed`` opens to at its place (an event's: ``key`` is "").
+
+        ``value`` is the state value decoded, if it was (a value sealed
+        here is decoded when first read back; an event never is).
+        """
+        size: cython.Py_ssize_t = len(sealed)
+        cost: cython.Py_ssize_t = size + len(plain) + len(place) + len(key) + _ENTRY_COST
+        if cost > self._limit or size < _TAG:
+            return
+        if self._size + cost > self._limit:
+            self.clear()
+        if value is not MISSING and type(value) not in _IMMUTABLE:
+            value = MISSING
+        self._entries[sealed[size - _TAG :]] = _Kept(place, key, sealed, plain, value)
+        self._size += cost
+
+    @cython.ccall
+    def clear(self) -> None:
+        """Forget every value."""
+        self._entries = {}
+        self._size = 0
+
+
 def open_events(
-    heads: Mapping[bytes, Cipher], at: bytes, records: list[bytes]
+    heads: Mapping[bytes, Cipher], at: bytes, records: list[bytes], opened: Opened
 ) -> list[bytes] | None:
     """Return the records of a session's events opened; None unless every one opens here.
 
     ``heads`` are the ciphers of the session's user (``Keyring.heads``),
-    ``at`` its ``event_place``. Each event as ``Cipher.seal_event`` wrote
-    it, under one of those keys, costs one AES-GCM call and a few slices;
-    anything else (an altered or moved record, another layout, a key not
-    unwrapped or erased) makes the answer None, and the caller opens the
-    records one by one on the path that says what is wrong.
+    ``at`` its ``event_place``. A record met before is taken from
+    ``opened`` (its id and time are in the record, so ``at`` is its place
+    there). Any other event as ``Cipher.seal_event`` wrote it, under one
+    of those keys, costs one AES-GCM call and a few slices; anything else
+    (an altered or moved record, another layout, a key not unwrapped or
+    erased) makes the answer None, and the caller opens the records one by
+    one on the path that says what is wrong.
     """
-    opened = []
+    result = []
     start: cython.Py_ssize_t
     cipher: Cipher | None
     stamp: cython.Py_ssize_t
     for data in records:
+        plain = opened.record(data, at)
+        if plain is not None:
+            result.append(plain)
+            continue
         start = _sealed_start(data)
         if start < 0:
             return None
@@ -362,32 +513,38 @@ def open_events(
         )
         if plain is None:
             return None
-        opened.append(plain)
-    return opened
+        opened.put(data, at, "", plain)
+        result.append(plain)
+    return result
 
 
 def open_values(
-    heads: Mapping[bytes, Cipher], prefix: bytes, values: dict[str, Any]
+    heads: Mapping[bytes, Cipher], prefix: bytes, values: dict[str, Any], opened: Opened
 ) -> dict[str, Any] | None:
     """Return a state map's values opened and decoded; None unless every one opens here.
 
-    ``prefix`` is the map's place; as ``open_events``, anything out of the
-    ordinary makes the answer None (a value that opens but does not decode
-    is a CorruptStoreError, as on the slow path).
+    ``prefix`` is the map's place; as ``open_events``, a value met before
+    comes from ``opened``, and anything out of the ordinary makes the
+    answer None (a value that opens but does not decode is a
+    CorruptStoreError, as on the slow path).
     """
-    opened = {}
+    result = {}
     cipher: Cipher | None
     for key, sealed in values.items():
         if type(sealed) is not bytes or len(sealed) < _SHORTEST:
             return None
-        cipher = heads.get(sealed[:5])
-        if cipher is None:
-            return None
-        plain = cipher.open_at(sealed, 0, prefix + key.encode())
-        if plain is None:
-            return None
-        opened[key] = decode_stored(plain, "a state value")
-    return opened
+        value = opened.value(sealed, prefix, key)
+        if value is MISSING:
+            cipher = heads.get(sealed[:5])
+            if cipher is None:
+                return None
+            plain = cipher.open_at(sealed, 0, prefix + key.encode())
+            if plain is None:
+                return None
+            value = decode_stored(plain, "a state value")
+            opened.put(sealed, prefix, key, plain, value)
+        result[key] = value
+    return result
 
 
 Items = list[tuple[str, bytes]]

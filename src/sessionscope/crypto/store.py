@@ -222,6 +222,13 @@ class EncryptedStore:
         self._users: dict[tuple[str, str], Cipher] = {}
         self._apps: dict[str, Cipher] = {}
         self._session_places: dict[tuple[str, str, str], _Places] = {}
+        # Values sealed or opened lately: an agent reads back what it just
+        # wrote or read, and finding it here costs no AES-GCM call. State
+        # values apart from events: a read opens every value of three maps
+        # (40 or so on the agent mix, the app's and the user's shared by all
+        # their sessions), and events, larger and many more, would push them out.
+        self._opened_values = _envelope.Opened(_envelope.OPENED_LIMIT // 2)
+        self._opened_events = _envelope.Opened(_envelope.OPENED_LIMIT)
 
     def __repr__(self) -> str:
         return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
@@ -279,8 +286,11 @@ class EncryptedStore:
         return cipher
 
     def _forget(self) -> None:
+        """Drop what was derived from the data keys: after an erasure nothing of it may serve."""
         self._users.clear()
         self._apps.clear()
+        self._opened_values.clear()
+        self._opened_events.clear()
 
     def seal_event(
         self,
@@ -296,7 +306,7 @@ class EncryptedStore:
         return cipher.seal_event(self._places(app, user, session)[3], event_id, stamp, record)
 
     def _seal_items(self, cipher: Cipher, items: Items, *where: str) -> Items:
-        return cipher.seal_items(items, place(*where))
+        return cipher.seal_items(items, place(*where), self._opened_values)
 
     def _places(self, app: str, user: str, session: str) -> _Places:
         """Return the places of a session's app, user and session maps and events' head.
@@ -329,17 +339,23 @@ class EncryptedStore:
             request.user_items,
             request.session_items,
         )
-        event_id, stamp = request.event_id, request.timestamp
+        event_id, stamp, record = request.event_id, request.timestamp, request.event
+        event = cipher.seal_event(at_events, event_id, stamp, record)
+        # What an agent reads back in its next turns: kept opened.
+        self._opened_events.put(event, at_events, "", record)
+        opened = self._opened_values
         return AppendRequest(
             app,
             user,
             session,
             event_id,
             stamp,
-            cipher.seal_event(at_events, event_id, stamp, request.event),
-            self._app(app).seal_items(app_items, at_app) if app_items else app_items,
-            cipher.seal_items(user_items, at_user) if user_items else user_items,
-            cipher.seal_items(session_items, at_session) if session_items else session_items,
+            event,
+            self._app(app).seal_items(app_items, at_app, opened) if app_items else app_items,
+            cipher.seal_items(user_items, at_user, opened) if user_items else user_items,
+            cipher.seal_items(session_items, at_session, opened)
+            if session_items
+            else session_items,
             request.marker,
             request.caller_update_time,
             request.caller_last_event_id,
@@ -418,7 +434,9 @@ class EncryptedStore:
         which says what is wrong (an altered record, an erased key...).
         """
         at = self._places(app, user, session)[3]
-        opened: list[bytes] | None = _envelope.open_events(self._keyring.heads(scope), at, records)
+        opened: list[bytes] | None = _envelope.open_events(
+            self._keyring.heads(scope), at, records, self._opened_events
+        )
         if opened is None:
             opened = [self._open_event(app, user, session, data, scope) for data in records]
         return opened
@@ -467,7 +485,7 @@ class EncryptedStore:
     ) -> dict[str, Any]:
         """Return a state map opened: ``prefix`` is its place, ``where`` its kind and ids."""
         values_opened: dict[str, Any] | None = _envelope.open_values(
-            self._keyring.heads(scope), prefix, values
+            self._keyring.heads(scope), prefix, values, self._opened_values
         )
         if values_opened is not None:
             return values_opened
@@ -486,9 +504,7 @@ class EncryptedStore:
             return None
         record = loaded.record
         app, user, session = record.app_name, record.user_id, record.session_id
-        at_app, at_user, at_session, _, scope, scope_of_app = self._places(
-            app, user, session
-        )
+        at_app, at_user, at_session, _, scope, scope_of_app = self._places(app, user, session)
         # Each opener takes the quick path first and says why a value does not open.
         session_state = self._open_values(
             loaded.session_state, scope, at_session, ("s", app, user, session)
