@@ -362,8 +362,6 @@ def holds_only_dump(store: Store, source: str | os.PathLike[str]) -> bool:
     return matched == stored_sessions and not leftover
 
 
-
-
 def _encrypted_store(store: Store) -> Any:
     """Return the store as an EncryptedStore, None when it is not one."""
     crypto = sys.modules.get("sessionscope.crypto.store")

@@ -466,7 +466,5 @@ def _copy_of(stored: _StoredSession) -> SessionCopy:
     return SessionCopy.of_record(stored.record, list(stored.state.items()), events)
 
 
-
-
 def _copy(record: SessionRecord) -> SessionRecord:
     return SessionRecord.from_list(record.to_list())

@@ -56,6 +56,7 @@ def session_not_found(app_name: str, user_id: str, session_id: str) -> SessionNo
         f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
     )
 
+
 # -- retention -------------------------------------------------------------
 #
 # Retention removes data for good: ``truncate_events`` events of one session
