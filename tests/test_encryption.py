@@ -14,6 +14,7 @@ import os
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -450,6 +451,44 @@ def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read() -> None:
         # Found only under its own map and key.
         assert opened.value(sealed, b"map", "other") is MISSING
         assert opened.value(sealed, b"other map", "key") is MISSING
+
+
+def test_keep_opened_bounds_what_a_store_keeps_and_zero_keeps_nothing(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def kept_after_reads(store: Any) -> int:
+        try:
+            fill(store)
+            assert readable(store, "ada") and readable(store, "bob")
+            kept: int = store.kept_bytes
+            SyncSessionService(store).delete_user(app_name="shop", user_id="ada")
+            assert store.kept_bytes == 0  # an erasure forgets everything kept
+            assert readable(store, "bob")
+            return kept
+        finally:
+            store.close()
+
+    assert kept_after_reads(place.open("default")) > 3_000
+
+    def keeping(name: str, keep: int) -> Any:
+        encryption = Encryption(keys=f"{place.keys}-{name}", key=KEK, keep_opened=keep)
+        return open_store(place.uri(name), encryption=encryption)
+
+    assert 0 < kept_after_reads(keeping("bounded", 1_500)) <= 1_500
+    assert kept_after_reads(keeping("none", 0)) == 0
+    # The same through the URI.
+    monkeypatch.setenv("TEST_KEK", KEK.hex())
+    uri = place.uri("uri")
+    options = f"key_env=TEST_KEK&keys={quote(place.keys + '-uri', safe='')}&keep_opened=0"
+    assert kept_after_reads(open_store(uri + ("&" if "?" in uri else "?") + options)) == 0
+
+
+@pytest.mark.parametrize("bad", [-1, "big", True, 1.5])
+def test_keep_opened_must_be_a_number_of_bytes(bad: Any) -> None:
+    with pytest.raises(ValueError, match="keep_opened"):
+        Encryption(key=KEK, keep_opened=bad)
+    with pytest.raises(ValueError, match="keep_opened"):
+        open_store(f"memory://?key_env=NO_SUCH_KEY&keep_opened={bad}")
 
 
 def test_values_this_process_met_are_refused_once_altered_there_or_erased(place: Place) -> None:

@@ -341,7 +341,7 @@ class Cipher:
         return result
 
 
-# How many bytes of sealed values and their plaintext an ``Opened`` holds.
+# How many bytes of sealed values and their plaintext an ``Opened`` holds by default.
 OPENED_LIMIT = 16 << 20
 # What an entry costs beside its bytes: its object, its tag and its slot.
 _ENTRY_COST = cython.declare(cython.Py_ssize_t, 200)

@@ -74,6 +74,9 @@ MARKER_FORMAT = 1
 # The compiled build of the envelope when there is one (its ciphers come from
 # the keyring, which takes the same build).
 _envelope = compiled_or_twin("sessionscope.crypto.envelope")
+# What an encrypted store keeps opened by default (Encryption.keep_opened):
+# a third for state values, the rest for events.
+KEEP_OPENED = 24 << 20
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,23 @@ class Encryption:
     memory for a memory store, and required for Redis. The key-encryption
     key comes from exactly one of ``key_file`` (a path), ``key_env`` (an
     environment variable's name) or ``key`` (32 bytes, or a callable
-    returning them, e.g. from a KMS). ``repr`` never shows a key.
+    returning them, e.g. from a KMS). ``keep_opened`` bounds what the store
+    keeps in memory of the values it sealed or opened (docs/encryption.md,
+    Cost). ``repr`` never shows a key.
     """
 
     keys: str | None = None
     key_file: str | os.PathLike[str] | None = None
     key_env: str | None = None
     key: bytes | Callable[[], bytes | str] | None = field(default=None, repr=False)
+    # Bytes of plaintext (and its ciphertext) the store keeps of what it
+    # sealed or opened lately, so that reading it back opens nothing; 0 keeps none.
+    keep_opened: int = KEEP_OPENED
+
+    def __post_init__(self) -> None:
+        keep = self.keep_opened
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep_opened is a number of bytes, 0 or more, not {keep!r}")
 
     def kek(self) -> Kek:
         """Return the key-encryption key from its source (EncryptionKeyError if missing)."""
@@ -134,7 +147,7 @@ def open_encrypted(
     except BaseException:
         keys.close()
         raise
-    return EncryptedStore(inner, keyring)
+    return EncryptedStore(inner, keyring, encryption.keep_opened)
 
 
 def _keyring(inner: Store, marker: dict[str, Any], keys: KeyBackend, kek: Kek) -> Keyring:
@@ -213,7 +226,7 @@ class EncryptedStore:
     ``keyring`` its data keys. ``repr`` names both, never a key.
     """
 
-    def __init__(self, inner: Store, keyring: Keyring) -> None:
+    def __init__(self, inner: Store, keyring: Keyring, keep_opened: int = KEEP_OPENED) -> None:
         self._inner = inner
         self._keyring = keyring
         self._aio: _AsyncEncrypted | None = None
@@ -227,8 +240,8 @@ class EncryptedStore:
         # values apart from events: a read opens every value of three maps
         # (40 or so on the agent mix, the app's and the user's shared by all
         # their sessions), and events, larger and many more, would push them out.
-        self._opened_values = _envelope.Opened(_envelope.OPENED_LIMIT // 2)
-        self._opened_events = _envelope.Opened(_envelope.OPENED_LIMIT)
+        self._opened_values = _envelope.Opened(keep_opened // 3)
+        self._opened_events = _envelope.Opened(keep_opened - keep_opened // 3)
 
     def __repr__(self) -> str:
         return f"EncryptedStore({self._inner!r}, {self._keyring!r})"
@@ -242,6 +255,11 @@ class EncryptedStore:
     def keyring(self) -> Keyring:
         """Return the data keys of this store."""
         return self._keyring
+
+    @property
+    def kept_bytes(self) -> int:
+        """Return the bytes kept of what this store sealed or opened (at most ``keep_opened``)."""
+        return int(self._opened_values.size + self._opened_events.size)
 
     @property
     def path(self) -> Any:

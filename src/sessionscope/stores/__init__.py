@@ -26,7 +26,7 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
     LMDB path or a Redis prefix that holds no store, and writes nothing.
 
     ``encryption`` (a ``sessionscope.crypto.Encryption``), or the options
-    ``key_file``/``key_env`` and ``keys``, open the store encrypted (see
+    ``key_file``/``key_env``, ``keys`` and ``keep_opened``, open the store encrypted (see
     docs/encryption.md). A store written encrypted is refused without its
     key (``IncompatibleStoreError``), and one holding plaintext with one.
     """
@@ -34,9 +34,12 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
     merged = {**spec.options, **options}
     crypto = {name: merged.pop(name) for name in list(merged) if name in ENCRYPTION_OPTIONS}
     if crypto and encryption is not None:
-        raise ValueError("give encryption= or the key options (key_file, key_env, keys), not both")
+        raise ValueError(
+            "give encryption= or the key options (key_file, key_env, keys, keep_opened), not both"
+        )
     if crypto and not ({"key_file", "key_env"} & set(crypto)):
-        raise ValueError("keys= needs the key-encryption key: key_file= or key_env=")
+        given = ", ".join(f"{name}=" for name in crypto)
+        raise ValueError(f"{given} needs the key-encryption key: key_file= or key_env=")
     if crypto:
         encryption = _crypto().Encryption(**crypto)
     if encryption is None:

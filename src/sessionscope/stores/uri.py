@@ -62,8 +62,14 @@ Reader = Callable[[str], Any]
 
 # The options every scheme takes to open its store encrypted (see
 # sessionscope.crypto): where the key-encryption key comes from (a file, or
-# an environment variable) and the key store's URI (percent-encoded).
-ENCRYPTION_OPTIONS: dict[str, Reader] = {"key_file": str, "key_env": str, "keys": str}
+# an environment variable), the key store's URI (percent-encoded), and how
+# many bytes of what it opened the store keeps.
+ENCRYPTION_OPTIONS: dict[str, Reader] = {
+    "key_file": str,
+    "key_env": str,
+    "keys": str,
+    "keep_opened": int,
+}
 
 # The options an lmdb:// URI may carry in its query, and how each is read.
 _LMDB_OPTIONS: dict[str, Reader] = {
