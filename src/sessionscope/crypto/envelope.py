@@ -559,15 +559,19 @@ def seal_many(
     timestamps: list[float],
     events: list[bytes],
     item_lists: tuple[list[Items], list[Items], list[Items]],
+    kept: tuple[Opened, Opened],
 ) -> tuple[list[bytes], list[Items], list[Items], list[Items]]:
     """Return a batch's events and state items sealed (what ``EncryptedStore`` hands down).
 
     Event ``n`` belongs to session ``owners[n]``, whose user's cipher is
     ``users[owner]``, its app's ``apps[owner]``, and whose places are
     ``places[owner]`` (app, user and session maps, events' head, first).
-    ``item_lists`` holds the app, user and session items of every event.
+    ``item_lists`` holds the app, user and session items of every event;
+    ``kept`` the store's ``Opened`` of events and of state values, which
+    keep what is sealed here.
     """
     app_lists, user_lists, session_lists = item_lists
+    kept_events, kept_values = kept
     sealed_events: list[bytes] = []
     app_items: list[Items] = []
     user_items: list[Items] = []
@@ -580,13 +584,14 @@ def seal_many(
         owner = owners[index]
         cipher = users[owner]
         at = places[owner]
-        sealed_events.append(
-            cipher.seal_event(at[3], event_ids[index], timestamps[index], events[index])
-        )
+        record = events[index]
+        sealed = cipher.seal_event(at[3], event_ids[index], timestamps[index], record)
+        kept_events.put(sealed, at[3], "", record)
+        sealed_events.append(sealed)
         items = app_lists[index]
-        app_items.append(apps[owner].seal_items(items, at[0]) if items else items)
+        app_items.append(apps[owner].seal_items(items, at[0], kept_values) if items else items)
         items = user_lists[index]
-        user_items.append(cipher.seal_items(items, at[1]) if items else items)
+        user_items.append(cipher.seal_items(items, at[1], kept_values) if items else items)
         items = session_lists[index]
-        session_items.append(cipher.seal_items(items, at[2]) if items else items)
+        session_items.append(cipher.seal_items(items, at[2], kept_values) if items else items)
     return sealed_events, app_items, user_items, session_items

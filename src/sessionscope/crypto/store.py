@@ -398,6 +398,7 @@ class EncryptedStore:
             timestamps,
             batch.events,
             (batch.app_items, batch.user_items, batch.session_items),
+            (self._opened_events, self._opened_values),
         )
         return AppendBatch(
             keys,
