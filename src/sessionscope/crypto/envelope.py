@@ -264,7 +264,7 @@ class Cipher:
             body: bytes = encrypt(nonce, value, where)
             whole: bytes = b"".join((head, nonce, body))
             if opened is not None:
-                opened.put(whole, prefix, key, value)
+                opened.put_value(whole, where, value)
             sealed.append((key, _bin_head(len(whole)) + whole))
         return sealed
 
@@ -343,7 +343,7 @@ class Cipher:
 
 # How many bytes of sealed values and their plaintext an ``Opened`` holds by default.
 OPENED_LIMIT = 16 << 20
-# What an entry costs beside its bytes: its object, its tag and its slot.
+# What an entry costs beside its bytes: its object, its slot and its key.
 _ENTRY_COST = cython.declare(cython.Py_ssize_t, 200)
 _TAG = cython.declare(cython.Py_ssize_t, TAG)
 # What ``Opened.value`` answers for a value not met before (a state value may
@@ -359,25 +359,25 @@ _IMMUTABLE = (str, int, float, bool, bytes, type(None))
 class _Kept:
     """What an ``Opened`` keeps of one value.
 
-    Its objects hold str, bytes and immutable values only, so they can take
-    no part in a reference cycle: the garbage collector does not track
-    them, and a dict of them (an ``Opened``'s) is not walked by its passes,
-    which a full one would otherwise do entry by entry on every pass.
+    Its objects hold bytes and immutable values only, so they can take no
+    part in a reference cycle: the garbage collector does not track them,
+    and a dict of them keyed by bytes (an ``Opened``'s) is not walked by its
+    passes, which a full one would otherwise do entry by entry.
     """
 
     place: bytes
-    key: str
     sealed: bytes
     plain: bytes
     # The state value decoded (kept for a str, a number, a bool, bytes or None), or MISSING.
     value: Any
+    cost: cython.Py_ssize_t
 
-    def __init__(self, place: bytes, key: str, sealed: bytes, plain: bytes, value: Any) -> None:
+    def __init__(self, place: bytes, sealed: bytes, plain: bytes, value: Any, cost: int) -> None:
         self.place = place
-        self.key = key
         self.sealed = sealed
         self.plain = plain
         self.value = value
+        self.cost = cost
 
 
 @cython.final
@@ -386,62 +386,99 @@ class Opened:
     """Values sealed or opened lately, so that reading one again costs no AES-GCM call.
 
     An agent reads back, turn after turn, the events and state it has just
-    written or read. An entry is found by the sealed value's GCM tag (its
-    last 16 bytes) and serves only the very same bytes at the very same
-    place (an event's session, or a state value's map and key): a value
-    altered, moved or not met before goes through AES-GCM, which says what
-    is wrong with it. A state value decoded to a str, a number, a bool,
-    bytes or None is kept decoded; a list or a map is decoded afresh on
-    each read, as the caller may change it. It holds plaintext, as the
-    process does anyway while it works (the threat model in
-    docs/encryption.md leaves a live process's memory out); at most
-    ``limit`` bytes, emptied whole when full and when a key is erased or
-    rotated (``clear``).
+    written or read. One ``Opened`` keeps events (``record``,
+    ``put_record``: found by the GCM tag, the sealed record's last 16
+    bytes), another state values (``value``, ``put_value``: found by their
+    place, map and key, so a value set again replaces the one before). An
+    entry serves only the very same sealed bytes at the very same place: a
+    value altered, moved or not met before goes through AES-GCM, which says
+    what is wrong with it. A state value decoded to a str, a number, a
+    bool, bytes or None is kept decoded; a list or a map is decoded afresh
+    on each read, as the caller may change it.
+
+    It holds plaintext, as the process does anyway while it works (the
+    threat model in docs/encryption.md leaves a live process's memory
+    out), in two generations of at most ``limit / 2`` bytes each: new
+    entries go to the young one; when it is full it becomes the old one and
+    the old one is dropped; an entry found in the old one moves back to the
+    young one, so what is read often stays. ``clear`` drops both (on an
+    erasure or a rotation).
     """
 
-    _entries: dict[bytes, _Kept]
-    _size: cython.Py_ssize_t
-    _limit: cython.Py_ssize_t
+    _young: dict[bytes, _Kept]
+    _old: dict[bytes, _Kept]
+    _young_size: cython.Py_ssize_t
+    _old_size: cython.Py_ssize_t
+    _half: cython.Py_ssize_t
 
     def __init__(self, limit: int = OPENED_LIMIT) -> None:
-        self._entries = {}
-        self._size = 0
-        self._limit = limit
+        self._young = {}
+        self._old = {}
+        self._young_size = 0
+        self._old_size = 0
+        self._half = limit // 2
 
     def __repr__(self) -> str:
-        return f"Opened({len(self._entries)} values, {self._size} of {self._limit} bytes)"
+        count = len(self._young) + len(self._old)
+        return f"Opened({count} values, about {self.size} of {2 * self._half} bytes)"
 
     @property
     def size(self) -> int:
-        """Return the bytes it holds, by its count."""
-        return self._size
+        """Return about how many bytes it holds (a value set again is counted until dropped)."""
+        return self._young_size + self._old_size
 
     @cython.cfunc
-    def _kept(self, sealed: bytes, place: bytes, key: str) -> _Kept | None:
-        size: cython.Py_ssize_t = len(sealed)
-        if size < _TAG:
-            return None
-        found = self._entries.get(sealed[size - _TAG :])
+    def _find(self, slot: bytes) -> _Kept | None:
+        found = self._young.get(slot)
         if found is None:
-            return None
-        kept: _Kept = found
-        if kept.sealed != sealed or kept.place != place or kept.key != key:
-            return None
-        return kept
+            found = self._old.get(slot)
+            if found is not None:
+                kept: _Kept = found
+                self._keep(slot, kept)
+        return found
+
+    @cython.cfunc
+    def _keep(self, slot: bytes, kept: _Kept) -> cython.int:
+        if kept.cost > self._half:
+            return 0
+        if self._young_size + kept.cost > self._half:
+            self._old, self._old_size = self._young, self._young_size
+            self._young, self._young_size = {}, 0
+        self._young[slot] = kept
+        self._young_size += kept.cost
+        return 0
 
     @cython.ccall
     def record(self, sealed: bytes, at: bytes) -> bytes | None:
         """Return the record of a sealed event met before in the session ``at``, else None."""
-        kept = self._kept(sealed, at, "")
-        if kept is None:
+        size: cython.Py_ssize_t = len(sealed)
+        if size < _TAG:
+            return None
+        found = self._find(sealed[size - _TAG :])
+        if found is None:
+            return None
+        kept: _Kept = found
+        if kept.sealed != sealed or kept.place != at:
             return None
         return kept.plain
 
     @cython.ccall
-    def value(self, sealed: bytes, prefix: bytes, key: str) -> Any:
-        """Return state value ``key`` of the map ``prefix`` decoded if met before, else MISSING."""
-        kept = self._kept(sealed, prefix, key)
-        if kept is None:
+    def put_record(self, sealed: bytes, at: bytes, plain: bytes) -> None:
+        """Keep the record ``sealed`` opens to, in the session ``at`` (opened, or sealed here)."""
+        size: cython.Py_ssize_t = len(sealed)
+        if size < _TAG:
+            return
+        cost: cython.Py_ssize_t = size + len(plain) + _ENTRY_COST
+        self._keep(sealed[size - _TAG :], _Kept(at, sealed, plain, MISSING, cost))
+
+    @cython.ccall
+    def value(self, sealed: bytes, where: bytes) -> Any:
+        """Return the state value sealed at ``where`` (``state_place``) decoded, else MISSING."""
+        found = self._find(where)
+        if found is None:
+            return MISSING
+        kept: _Kept = found
+        if kept.sealed != sealed:
             return MISSING
         value = kept.value
         if value is MISSING:
@@ -451,30 +488,22 @@ class Opened:
         return value
 
     @cython.ccall
-    def put(
-        self, sealed: bytes, place: bytes, key: str, plain: bytes, value: Any = MISSING
-    ) -> None:
-        """Remember what ``sealed`` opens to at its place (an event's: ``key`` is "").
+    def put_value(self, sealed: bytes, where: bytes, plain: bytes, value: Any = MISSING) -> None:
+        """Keep the state value ``sealed`` at ``where`` opens to (opened, or sealed here).
 
-        ``value`` is the state value decoded, if it was (a value sealed
-        here is decoded when first read back; an event never is).
+        ``value`` is the value decoded, if it was (a value sealed here is
+        decoded when first read back).
         """
-        size: cython.Py_ssize_t = len(sealed)
-        cost: cython.Py_ssize_t = size + len(plain) + len(place) + len(key) + _ENTRY_COST
-        if cost > self._limit or size < _TAG:
-            return
-        if self._size + cost > self._limit:
-            self.clear()
         if value is not MISSING and type(value) not in _IMMUTABLE:
             value = MISSING
-        self._entries[sealed[size - _TAG :]] = _Kept(place, key, sealed, plain, value)
-        self._size += cost
+        cost: cython.Py_ssize_t = len(sealed) + len(plain) + 2 * len(where) + _ENTRY_COST
+        self._keep(where, _Kept(where, sealed, plain, value, cost))
 
     @cython.ccall
     def clear(self) -> None:
         """Forget every value."""
-        self._entries = {}
-        self._size = 0
+        self._young, self._old = {}, {}
+        self._young_size = self._old_size = 0
 
 
 def open_events(
@@ -513,7 +542,7 @@ def open_events(
         )
         if plain is None:
             return None
-        opened.put(data, at, "", plain)
+        opened.put_record(data, at, plain)
         result.append(plain)
     return result
 
@@ -533,16 +562,17 @@ def open_values(
     for key, sealed in values.items():
         if type(sealed) is not bytes or len(sealed) < _SHORTEST:
             return None
-        value = opened.value(sealed, prefix, key)
+        where = prefix + key.encode()
+        value = opened.value(sealed, where)
         if value is MISSING:
             cipher = heads.get(sealed[:5])
             if cipher is None:
                 return None
-            plain = cipher.open_at(sealed, 0, prefix + key.encode())
+            plain = cipher.open_at(sealed, 0, where)
             if plain is None:
                 return None
             value = decode_stored(plain, "a state value")
-            opened.put(sealed, prefix, key, plain, value)
+            opened.put_value(sealed, where, plain, value)
         result[key] = value
     return result
 
@@ -586,7 +616,7 @@ def seal_many(
         at = places[owner]
         record = events[index]
         sealed = cipher.seal_event(at[3], event_ids[index], timestamps[index], record)
-        kept_events.put(sealed, at[3], "", record)
+        kept_events.put_record(sealed, at[3], record)
         sealed_events.append(sealed)
         items = app_lists[index]
         app_items.append(apps[owner].seal_items(items, at[0], kept_values) if items else items)

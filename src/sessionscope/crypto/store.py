@@ -360,7 +360,7 @@ class EncryptedStore:
         event_id, stamp, record = request.event_id, request.timestamp, request.event
         event = cipher.seal_event(at_events, event_id, stamp, record)
         # What an agent reads back in its next turns: kept opened.
-        self._opened_events.put(event, at_events, "", record)
+        self._opened_events.put_record(event, at_events, record)
         opened = self._opened_values
         return AppendRequest(
             app,
