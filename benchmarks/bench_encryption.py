@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sessionscope import SyncSessionService
 from sessionscope.bench.replay import collector_paused
-from sessionscope.bench.speed import Workload, live_appends, mix_spec
+from sessionscope.bench.speed import Workload, live_appends, mix_spec, timed_sync_appends
 from sessionscope.crypto import Encryption
 from sessionscope.model import GetSessionConfig
 from sessionscope.stores import open_store
@@ -66,18 +66,7 @@ def _median_us(samples: list[int]) -> float:
 
 def _appends_us(service: SyncSessionService, work: Workload, count: int | None) -> float:
     """Append the mix's events (the first ``count``); return the median us per append."""
-    appends = live_appends(service, work)[:count]
-    clock = time.perf_counter_ns
-    samples = []
-    with collector_paused():
-        for session, event, second in appends:
-            began = clock()
-            if second:
-                service.append_event_locked(session, event)
-            else:
-                service.append_event(session, event)
-            samples.append(clock() - began)
-    return _median_us(samples)
+    return _median_us(timed_sync_appends(service, live_appends(service, work)[:count]))
 
 
 def _reads_us(service: SyncSessionService, work: Workload) -> float:

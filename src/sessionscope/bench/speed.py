@@ -49,6 +49,7 @@ __all__ = [
     "measure",
     "mix_spec",
     "raw_txn",
+    "timed_sync_appends",
     "turn_records",
 ]
 
@@ -371,20 +372,25 @@ def native_async(uri: str, work: Workload, gets: bool = False) -> dict[str, list
     return asyncio.run(main())
 
 
+def timed_sync_appends(service: Any, appends: list[Append]) -> list[int]:
+    """Send appends through a sync service (the second writer's locked); return each one's ns."""
+    clock = time.perf_counter_ns
+    samples = []
+    with collector_paused():
+        for session, event, second in appends:
+            begin = clock()
+            if second:
+                service.append_event_locked(session, event)
+            else:
+                service.append_event(session, event)
+            samples.append(clock() - begin)
+    return samples
+
+
 def native_sync(uri: str, work: Workload) -> tuple[list[int], bool]:
     """Time the native sync service's appends; also say whether the store wrote through its map."""
     with SyncSessionService(uri) as service:
-        events = live_appends(service, work)
-        clock = time.perf_counter_ns
-        samples = []
-        with collector_paused():
-            for session, event, second in events:
-                begin = clock()
-                if second:
-                    service.append_event_locked(session, event)
-                else:
-                    service.append_event(session, event)
-                samples.append(clock() - begin)
+        samples = timed_sync_appends(service, live_appends(service, work))
         return samples, bool(getattr(service.store, "writemap", False))
 
 
