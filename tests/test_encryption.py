@@ -464,10 +464,13 @@ def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read() -> None:
         # Found only at its own place, and only as the same bytes.
         assert opened.value(sealed, b"map other") is MISSING
         assert opened.value(bytes([number + 1]) * 40, b"map key") is MISSING
-    # A value set again at a place replaces the one before.
-    opened.put_value(b"n" * 40, b"map key", pack("new"))
-    assert opened.value(b"n" * 40, b"map key") == "new"
-    assert opened.value(bytes([5]) * 40, b"map key") is MISSING
+    # A value set again at a place replaces the one before, in what it holds and in its size.
+    opened.clear()
+    for number in range(1_000):
+        opened.put_value(number.to_bytes(2, "big") * 20, b"map key", pack(number))
+    assert opened.value((999).to_bytes(2, "big") * 20, b"map key") == 999
+    assert opened.value((998).to_bytes(2, "big") * 20, b"map key") is MISSING
+    assert 0 < opened.size < 1_000
 
 
 def test_keep_opened_bounds_what_a_store_keeps_and_zero_keeps_nothing(

@@ -424,7 +424,7 @@ class Opened:
 
     @property
     def size(self) -> int:
-        """Return about how many bytes it holds (a value set again is counted until dropped)."""
+        """Return about how many bytes it holds (a value in both generations counts twice)."""
         return self._young_size + self._old_size
 
     @cython.cfunc
@@ -441,6 +441,10 @@ class Opened:
     def _keep(self, slot: bytes, kept: _Kept) -> cython.int:
         if kept.cost > self._half:
             return 0
+        replaced = self._young.get(slot)
+        if replaced is not None:  # a state value set again: its cost goes with it
+            before: _Kept = replaced
+            self._young_size -= before.cost
         if self._young_size + kept.cost > self._half:
             self._old, self._old_size = self._young, self._young_size
             self._young, self._young_size = {}, 0
