@@ -53,7 +53,12 @@ OPERATIONS = (
     ("adk-memory-get-recent", "get_session, last 10", "ADK InMemory get_session, last 10"),
     ("native-get-whole", "get_session, whole", "SessionService.get_session, 40 events"),
     ("adk-memory-get-whole", "get_session, whole", "ADK InMemory get_session, 40 events"),
+    ("encrypted-async-append", "encryption", "native-async-append on an encrypted store"),
+    ("encrypted-append-many", "encryption", "append-many on an encrypted store, per event"),
+    ("encrypted-get-recent", "encryption", "native-get-recent on an encrypted store"),
 )
+# The encrypted store's key-encryption key: the counts are measured, not the secrecy.
+KEK = bytes(range(32))
 LENGTH = 40
 
 
@@ -77,12 +82,13 @@ def _loop(count: int, step: Callable[[int], Any]) -> None:
         gc.enable()
 
 
-def _native_sync(uri: str, total: int, count: int, bulk: bool = False) -> None:
+def _native_sync(store: Any, total: int, count: int, bulk: bool = False) -> None:
+    """Append on a sync service over ``store`` (a URI or a store)."""
     from sessionscope import SyncSessionService
     from sessionscope.bench.speed import live_appends
 
     work = _workload(total)
-    with SyncSessionService(uri) as service:
+    with SyncSessionService(store) as service:
         events = live_appends(service, work)[:total]
         if bulk:
             _loop(1 if count else 0, lambda _: service.append_many([e[:2] for e in events]))
@@ -173,6 +179,21 @@ def child(name: str, total: int, count: int, scratch: Path) -> None:
 
         return SessionService(deferred)
 
+    def encrypted_store() -> Any:
+        from sessionscope.crypto import Encryption
+        from sessionscope.stores import open_store
+
+        keys = f"lmdb://{scratch / 'encrypted-keys'}"
+        return open_store(
+            f"lmdb://{scratch / 'encrypted'}?durability=deferred",
+            encryption=Encryption(keys=keys, key=KEK),
+        )
+
+    def encrypted_service() -> Any:
+        from sessionscope import SessionService
+
+        return SessionService(encrypted_store())
+
     def adk_memory() -> Any:
         from google.adk.sessions import InMemorySessionService
 
@@ -202,6 +223,9 @@ def child(name: str, total: int, count: int, scratch: Path) -> None:
         "adk-memory-get-recent": lambda: _async(adk_memory, False, total, count, read=10),
         "native-get-whole": lambda: _async(native_service, True, total, count, read=0),
         "adk-memory-get-whole": lambda: _async(adk_memory, False, total, count, read=0),
+        "encrypted-async-append": lambda: _async(encrypted_service, True, total, count),
+        "encrypted-append-many": lambda: _native_sync(encrypted_store(), total, count, bulk=True),
+        "encrypted-get-recent": lambda: _async(encrypted_service, True, total, count, read=10),
     }
     runs[name]()
 
