@@ -295,20 +295,28 @@ class Cipher:
         return sealed
 
     @cython.ccall
-    def seal_event(self, at: bytes, event_id: str, stamp: object, record: bytes) -> bytes:
+    def seal_event(
+        self,
+        at: bytes,
+        event_id: str,
+        stamp: object,
+        record: bytes,
+        opened: Opened | None = None,
+    ) -> bytes:
         """Return an event record as stored: its id and time, and ``record`` sealed.
 
         ``at`` is the session's ``event_place``. The bytes are
         ``pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})``
         with ``sealed`` that of ``seal_fixed(record, place("e", ..., event_id,
-        stamp))``, built without packing the id and time twice.
+        stamp))``, built without packing the id and time twice. ``opened``,
+        if given, keeps the record, so that reading it back opens nothing.
         """
         packed_id: bytes = pack(event_id)
         packed_stamp: bytes = pack(stamp)
         where = at + packed_id + packed_stamp
         nonce = self._fixed_nonce(where, record)
         body: bytes = self._encrypt(nonce, record, where)
-        return b"".join(
+        sealed: bytes = b"".join(
             (
                 _EVENT_HEAD,
                 packed_id,
@@ -321,6 +329,9 @@ class Cipher:
                 body,
             )
         )
+        if opened is not None:
+            opened.put_record(sealed, at, record)
+        return sealed
 
     def open(self, sealed: bytes, where: bytes) -> bytes | None:
         """Return the plaintext of ``sealed`` at ``where``; None if it was altered or moved."""
@@ -618,10 +629,8 @@ def seal_many(
         owner = owners[index]
         cipher = users[owner]
         at = places[owner]
-        record = events[index]
-        sealed = cipher.seal_event(at[3], event_ids[index], timestamps[index], record)
-        kept_events.put_record(sealed, at[3], record)
-        sealed_events.append(sealed)
+        event_id, stamp = event_ids[index], timestamps[index]
+        sealed_events.append(cipher.seal_event(at[3], event_id, stamp, events[index], kept_events))
         items = app_lists[index]
         app_items.append(apps[owner].seal_items(items, at[0], kept_values) if items else items)
         items = user_lists[index]

@@ -357,10 +357,8 @@ class EncryptedStore:
             request.user_items,
             request.session_items,
         )
-        event_id, stamp, record = request.event_id, request.timestamp, request.event
-        event = cipher.seal_event(at_events, event_id, stamp, record)
-        # What an agent reads back in its next turns: kept opened.
-        self._opened_events.put_record(event, at_events, record)
+        event_id, stamp = request.event_id, request.timestamp
+        # What an agent reads back in its next turns is kept opened.
         opened = self._opened_values
         return AppendRequest(
             app,
@@ -368,7 +366,7 @@ class EncryptedStore:
             session,
             event_id,
             stamp,
-            event,
+            cipher.seal_event(at_events, event_id, stamp, request.event, self._opened_events),
             self._app(app).seal_items(app_items, at_app, opened) if app_items else app_items,
             cipher.seal_items(user_items, at_user, opened) if user_items else user_items,
             cipher.seal_items(session_items, at_session, opened)
