@@ -371,7 +371,7 @@ def test_a_tampered_or_moved_ciphertext_is_a_corrupt_store_error_naming_it(place
 
 @pytest.mark.parametrize("id_size", [1, 31, 32, 255, 256, 4096])
 @pytest.mark.parametrize("record_size", [0, 200, 255 - 33, 70_000])
-def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
+def test_a_sealed_event_is_the_record_the_codec_writes_around_seal(
     id_size: int, record_size: int
 ) -> None:
     """The event envelope is built piece by piece; its bytes are those of the format."""
@@ -392,12 +392,14 @@ def test_a_sealed_event_is_the_record_the_codec_writes_around_seal_fixed(
         b"r" * record_size,
     )
     where = place("e", "app", "u", "s", event_id, stamp)
-    expected = codec.pack_event(
-        {"id": event_id, "timestamp": stamp, "sealed": cipher.seal_fixed(record, where)}
-    )
     assert event_place("app", "u", "s") + codec.pack(event_id) + codec.pack(stamp) == where
     sealed = cipher.seal_event(event_place("app", "u", "s"), event_id, stamp, record)
-    assert sealed == expected
+    fields = codec.decode_event(sealed)
+    assert fields == {"id": event_id, "timestamp": stamp, "sealed": fields["sealed"]}
+    assert codec.pack_event(fields) == sealed
+    # The record sealed at its place, as ``seal`` seals a value there.
+    assert cipher.open(fields["sealed"], where) == record
+    assert len(fields["sealed"]) == len(cipher.seal(record, where))
     parts = event_parts(sealed)
     assert parts is not None
     tail, start = parts
@@ -561,8 +563,8 @@ def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:
     from sessionscope.crypto.envelope import HEADER, Cipher
 
     cipher = Cipher(7, bytes(32))
-    salt = cipher._counter[0]
-    cipher._counter = (salt, itertools.count(0xFFFFFFFD))
+    salt, _, forks = cipher._counter
+    cipher._counter = (salt, itertools.count(0xFFFFFFFD), forks)
     items = [(f"k{index}", b"v") for index in range(4)]
     sealed = cipher.seal_items(items, b"\x93\xa1s\xa1a\xa1u")
     nonces = [value[2 + 5 : 2 + HEADER] for _, value in sealed]
@@ -570,6 +572,105 @@ def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:
     assert [n[:8] == salt.to_bytes(8, "big") for n in nonces] == [True, True, False, False]
     assert [int.from_bytes(n[8:], "big") for n in nonces][:2] == [0xFFFFFFFD, 0xFFFFFFFE]
     assert cipher._counter[0] != salt
+
+
+def test_an_event_sealed_twice_gets_two_nonces_and_both_open() -> None:
+    """Events are sealed under counter nonces: never the same nonce twice under one key."""
+    from sessionscope import codec
+    from sessionscope.core import compiled_or_twin
+
+    envelope = compiled_or_twin("sessionscope.crypto.envelope")
+    cipher = envelope.Cipher(9, bytes(range(32)))
+    at = envelope.event_place("shop", "ada", "s1")
+    where = envelope.place("e", "shop", "ada", "s1", "e1", 1.5)
+    first, second = (
+        codec.decode_event(cipher.seal_event(at, "e1", 1.5, b"the record"))["sealed"]
+        for _ in range(2)
+    )
+    nonces = {sealed[5 : envelope.HEADER] for sealed in (first, second)}
+    assert len(nonces) == 2
+    assert cipher.open(first, where) == cipher.open(second, where) == b"the record"
+
+
+def _nonce_of_a_child(cipher: Any, sent: Any) -> None:
+    """In a child process: seal a value with a cipher made before the fork and send its nonce."""
+    from sessionscope.core import compiled_or_twin
+
+    header = compiled_or_twin("sessionscope.crypto.envelope").HEADER
+    sent.send(cipher.seal(b"child", b"here")[5:header])
+    sent.close()
+
+
+def test_a_child_process_after_fork_never_draws_its_parents_nonces() -> None:
+    """A cipher crossing fork() counts under a salt of the child's own.
+
+    Parent and child seal under the same data key, into the same store
+    where it is Redis: the same counter in both would repeat nonces.
+    """
+    import multiprocessing
+
+    from sessionscope.core import compiled_or_twin
+
+    envelope = compiled_or_twin("sessionscope.crypto.envelope")
+    header = envelope.HEADER
+    cipher = envelope.Cipher(5, bytes(32))
+    parent_first = cipher.seal(b"parent", b"here")[5:header]
+    context = multiprocessing.get_context("fork")
+    children = []
+    for _ in range(2):
+        received, sent = context.Pipe(duplex=False)
+        child = context.Process(target=_nonce_of_a_child, args=(cipher, sent))
+        child.start()
+        sent.close()
+        assert received.poll(60), "the child sent nothing"
+        children.append(received.recv())
+        child.join(60)
+        assert child.exitcode == 0
+    parent_next = cipher.seal(b"parent", b"here")[5:header]
+    salt = parent_first[:8]
+    assert parent_next[:8] == salt  # the parent goes on with its counter
+    assert int.from_bytes(parent_next[8:], "big") == int.from_bytes(parent_first[8:], "big") + 1
+    # Each child drew a salt of its own, and started its count again.
+    assert len({salt, children[0][:8], children[1][:8]}) == 3
+    assert [int.from_bytes(nonce[8:], "big") for nonce in children] == [0, 0]
+
+
+def test_a_retried_append_is_a_repeat_though_sealed_again(place: Place) -> None:
+    """A retry seals the event under a new nonce; the store still recognises it by its plaintext.
+
+    Also after the user's data key rotated (the retry is sealed under the new
+    key), for a locked append and in a batch; other content under the same
+    id is still refused, and nothing of the refused or repeated appends is written.
+    """
+    from sessionscope.errors import DuplicateEventError
+
+    store = place.open()
+    try:
+        svc = SyncSessionService(store)
+        session = svc.create_session(app_name="shop", user_id="ada", session_id="s1")
+        first = ev(content={"text": "hello"}, delta={"plan": "a"})
+        svc.append_event(session, first)
+        stored = store.raw.load_session("shop", "ada", "s1", None, None)
+        assert svc.append_event(session, first) is first  # a plain retry
+        store.rotate_data_key("shop", "ada")
+        assert svc.append_event(session, first) is first  # sealed under the new key
+        copy = svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert copy is not None
+        assert svc.append_event_locked(copy, first) is first
+        second = ev(content={"text": "again"}, delta={"plan": "b"})
+        assert svc.append_many([(copy, first), (copy, second)]) == [first, second]
+        other = ev(content={"text": "other"}, delta={"plan": "c"})
+        other.id = first.id
+        with pytest.raises(DuplicateEventError):
+            svc.append_event(copy, other)
+        now = store.raw.load_session("shop", "ada", "s1", None, None)
+        assert now.events == [*stored.events, now.events[-1]]
+        got = svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert got is not None
+        assert [e.content["text"] for e in got.events] == ["hello", "again"]
+        assert got.state["plan"] == "b"
+    finally:
+        store.close()
 
 
 def test_an_event_record_in_another_layout_still_opens_or_says_why(place: Place) -> None:

@@ -5,22 +5,18 @@ ciphertext and tag (16)``. The associated data names the value's place
 (``place``: kind, app, user, session, event id or state key, packed as one
 msgpack array), so a ciphertext copied to another place does not open.
 
-An event record's nonce is synthetic: keyed BLAKE2b (under a key of its
-own) of the associated data and the plaintext, cut to 12 bytes. Sealing
-the same record at the same place twice gives the same bytes, which lets a
-store recognise a retried append (it compares the stored record with the
-given one); different records never share a nonce unless BLAKE2b collides.
-What it reveals: that a record stored twice at one place is the same, which
-the store's retry rules reveal anyway. A state value's nonce is random (96
-bits: 8 random bytes drawn when a process unwraps the key, then a 4-byte
-counter, redrawn when it wraps), so no two values sealed under one data key
-share a nonce unless two draws of 64 random bits collide; ``EncryptedStore``
-compares restored state in plaintext.
+Every nonce is a counter (96 bits: 8 random bytes drawn when a process
+unwraps the key, then a 4-byte counter; the random part is drawn again when
+the counter runs out and in a child process after ``fork()``), so no two
+values sealed under one data key share a nonce unless two draws of 64
+random bits collide. Sealing the same record twice gives other bytes: a
+store recognises a retried append by its plaintext (``EncryptedStore``
+hands the rules of a repeat a ``same_event`` that opens the stored record),
+and compares restored state in plaintext.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import itertools
 import os
@@ -62,9 +58,29 @@ __all__ = [
 ]
 
 SEALED_VERSION = 1
-_blake2b = hashlib.blake2b
 _ID = struct.Struct(">BI")
 _NONCE = struct.Struct(">QI")  # a counter nonce: salt, counter
+_LAST_COUNT = 0xFFFFFFFF  # a counter at this value draws a new salt instead
+
+# How many fork()s lie between the interpreter's start and this process. A
+# cipher's counter carries the value it was drawn under: a child process
+# must not go on counting where its parent counts, under the same salt.
+_forks = 0
+
+
+def _count_a_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_a_fork)
+
+
+def _fresh_counter() -> tuple[int, Any, int]:
+    """Return a new counter: a random salt, the count from zero, this process's forks."""
+    return int.from_bytes(os.urandom(8), "big"), itertools.count(), _forks
+
+
 HEADER = _ID.size + 12  # version, key id, nonce
 TAG = 16
 # The same two, as C integers in the compiled build.
@@ -204,19 +220,18 @@ def split(sealed: bytes) -> tuple[int, int]:
 @cython.final
 @cython.cclass
 class Cipher:
-    """One data key, ready to seal and open values: AES-256-GCM and its nonce key.
+    """One data key, ready to seal and open values: AES-256-GCM and its nonce counter.
 
-    The key's bytes live in the ``AESGCM`` object and the nonce key only;
-    ``repr`` shows the key id alone. ``head`` is what every value sealed
-    under it starts with (version, key id).
+    The key's bytes live in the ``AESGCM`` object only; ``repr`` shows the
+    key id alone. ``head`` is what every value sealed under it starts with
+    (version, key id).
     """
 
     key_id = cython.declare(object, visibility="readonly")
     head = cython.declare(bytes, visibility="readonly")
     _encrypt: Any
     _decrypt: Any
-    _nonce_hash: Any
-    _counter: tuple[int, Any]
+    _counter: tuple[int, Any, int]
     _lock: Any
 
     def __init__(self, key_id: int, key: bytes) -> None:
@@ -225,13 +240,11 @@ class Cipher:
         self.key_id = key_id
         aead = AESGCM(derive(key, b"aes-256-gcm"))
         self._encrypt, self._decrypt = aead.encrypt, aead.decrypt
-        # BLAKE2b keyed with the nonce key, its key block hashed once: each
-        # synthetic nonce starts from a copy of it.
-        self._nonce_hash = _blake2b(key=derive(key, b"nonce"), digest_size=12)
         self.head = _ID.pack(SEALED_VERSION, key_id)
-        # The nonce of counter value n: salt (8 bytes) | n (4 bytes). Salt and
-        # counter are one attribute, replaced together when the counter runs out.
-        self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
+        # The nonce of counter value n: salt (8 bytes) | n (4 bytes). Salt,
+        # counter and the forks they were drawn under are one attribute,
+        # replaced together.
+        self._counter = _fresh_counter()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -255,11 +268,11 @@ class Cipher:
         """
         encrypt = self._encrypt
         head = self.head
-        salt, count = self._counter
+        salt, count, _ = self._counting()
         sealed = []
         for key, value in items:
             number = next(count)  # atomic: itertools.count holds the GIL's promise
-            nonce = _NONCE.pack(salt, number) if number < 0xFFFFFFFF else self._nonce()
+            nonce = _NONCE.pack(salt, number) if number < _LAST_COUNT else self._nonce()
             where = prefix + key.encode()
             body: bytes = encrypt(nonce, value, where)
             whole: bytes = b"".join((head, nonce, body))
@@ -268,31 +281,28 @@ class Cipher:
             sealed.append((key, _bin_head(len(whole)) + whole))
         return sealed
 
+    @cython.cfunc
+    def _counting(self) -> tuple[int, Any, int]:
+        """Return the counter to draw nonces from: this process's own, after a fork too."""
+        counter: tuple[int, Any, int] = self._counter
+        if counter[2] != _forks:
+            # A child of fork(): its parent goes on with the counter it had.
+            # No lock (a parent's thread may have held it across the fork);
+            # threads racing here each draw a salt of their own.
+            counter = _fresh_counter()
+            self._counter = counter
+        return counter
+
     def _nonce(self) -> bytes:
-        salt, count = self._counter
+        salt, count, _ = self._counting()
         number = next(count)
-        if number < 0xFFFFFFFF:
+        if number < _LAST_COUNT:
             nonce: bytes = _NONCE.pack(salt, number)
             return nonce
         with self._lock:  # the counter ran out: one thread draws a new salt
             if self._counter[1] is count:
-                self._counter = (int.from_bytes(os.urandom(8), "big"), itertools.count())
+                self._counter = _fresh_counter()
         return self._nonce()
-
-    @cython.cfunc
-    def _fixed_nonce(self, where: bytes, plaintext: bytes) -> bytes:
-        """Return the synthetic nonce of ``plaintext`` at ``where``: keyed BLAKE2b of both."""
-        hashing = self._nonce_hash.copy()
-        hashing.update(where)
-        hashing.update(plaintext)
-        nonce: bytes = hashing.digest()
-        return nonce
-
-    def seal_fixed(self, plaintext: bytes, where: bytes) -> bytes:
-        """Return ``plaintext`` sealed at ``where``, the same bytes each time (synthetic nonce)."""
-        nonce = self._fixed_nonce(where, plaintext)
-        sealed: bytes = self.head + nonce + self._encrypt(nonce, plaintext, where)
-        return sealed
 
     @cython.ccall
     def seal_event(
@@ -307,14 +317,14 @@ class Cipher:
 
         ``at`` is the session's ``event_place``. The bytes are
         ``pack_event({"id": event_id, "timestamp": stamp, "sealed": sealed})``
-        with ``sealed`` that of ``seal_fixed(record, place("e", ..., event_id,
+        with ``sealed`` that of ``seal(record, place("e", ..., event_id,
         stamp))``, built without packing the id and time twice. ``opened``,
         if given, keeps the record, so that reading it back opens nothing.
         """
         packed_id: bytes = pack(event_id)
         packed_stamp: bytes = pack(stamp)
         where = at + packed_id + packed_stamp
-        nonce = self._fixed_nonce(where, record)
+        nonce = self._nonce()
         body: bytes = self._encrypt(nonce, record, where)
         sealed: bytes = b"".join(
             (

@@ -13,7 +13,9 @@ plaintext, the store below never does. What is sealed, and under which key:
 
 A sealed event is stored as an event record of its own,
 ``{"id", "timestamp", "sealed"}``, so the stores' rules that read an event's
-id and time (retries, retention, copies, checks) work unchanged; a sealed
+id and time (retention, copies, checks) work unchanged. A retried append is
+sealed again under another nonce: the rules of a repeat ask the request's
+``same_event``, which opens both records and compares them. A sealed
 state value is stored as a msgpack ``bin``. Ids, state keys, times, counts
 and sizes stay plaintext.
 
@@ -29,7 +31,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..codec import decode_event, decode_stored, pack
+from ..codec import decode_event, decode_stored, events_equal, pack
 from ..core import compiled_or_twin
 from ..errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreError
 from ..stores.completion import Completion
@@ -377,6 +379,21 @@ class EncryptedStore:
             request.caller_last_event_id,
             request.locked,
             request.catch_up,
+            self._same_event,
+        )
+
+    def _same_event(self, request: AppendRequest, stored: bytes) -> bool:
+        """Tell whether ``stored`` holds the event ``request`` seals: a retried append.
+
+        The same record sealed again has another nonce, so other bytes; the
+        two are opened and compared as the rules of a repeat compare records.
+        Not through ``Opened``: a store may ask this from its writer thread.
+        """
+        app, user, session = request.app_name, request.user_id, request.session_id
+        scope = user_scope(app, user)
+        return events_equal(
+            self._open_event(app, user, session, stored, scope),
+            self._open_event(app, user, session, request.event, scope),
         )
 
     def _batch(self, batch: AppendBatch) -> AppendBatch:
@@ -407,6 +424,7 @@ class EncryptedStore:
             app_items,
             user_items,
             session_items,
+            self._same_event,
         )
 
     def _copy(self, copy: SessionCopy) -> SessionCopy:
@@ -728,7 +746,7 @@ class EncryptedStore:
     def restore_session(self, copy: SessionCopy) -> Completion[bool]:
         """Write a whole session, sealed; see ``Store.restore_session``.
 
-        State values are sealed under random nonces, so an equal session
+        Values and events are sealed under counter nonces, so an equal session
         stored already is recognised by its plaintext, before the store
         below compares ciphertext.
         """

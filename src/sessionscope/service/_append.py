@@ -502,6 +502,7 @@ def _prepare_event(
         shared[6],
         locked,
         locked,
+        None,
         delta,
         original if temp else None,
         temp,

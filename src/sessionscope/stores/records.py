@@ -6,7 +6,7 @@ append must obey are in ``rules``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "LoadedSession",
     "PartialBatch",
     "PreparedAppend",
+    "SameEvent",
     "SessionCopy",
     "SessionRecord",
     "copies_equal",
@@ -131,6 +132,13 @@ class LoadedSession:
     events: list[bytes]
 
 
+# Tells whether ``stored``, the record a session holds under a request's event
+# id, holds the request's event, where the bytes differ. A store that seals
+# records (sessionscope.crypto) seals a retried event to other bytes: it hands
+# one down with its requests, and the rules of a repeat ask it.
+SameEvent = Callable[["AppendRequest", bytes], bool]
+
+
 @dataclass(slots=True)
 class AppendRequest:
     """Everything a store needs to append one event, already checked and packed."""
@@ -153,6 +161,9 @@ class AppendRequest:
     # also return what the caller missed (bulk appends do not need it).
     locked: bool = False
     catch_up: bool = False
+    # Tells whether a stored record with other bytes holds this request's
+    # event (see ``SameEvent``); None: content equal as ``events_equal`` says.
+    same_event: SameEvent | None = None
 
 
 @dataclass(slots=True)
@@ -236,6 +247,8 @@ class AppendBatch:
     app_items: list[Items] = field(default_factory=list)
     user_items: list[Items] = field(default_factory=list)
     session_items: list[Items] = field(default_factory=list)
+    # Handed to each event's request (see ``AppendRequest.same_event``).
+    same_event: SameEvent | None = None
 
     def __len__(self) -> int:
         return len(self.events)
@@ -254,6 +267,7 @@ class AppendBatch:
             self.user_items[index],
             self.session_items[index],
             locked=True,
+            same_event=self.same_event,
         )
 
     def requests(self) -> list[AppendRequest]:
@@ -271,6 +285,7 @@ class AppendBatch:
             self.app_items[:count],
             self.user_items[:count],
             self.session_items[:count],
+            self.same_event,
         )
 
     @classmethod

@@ -98,7 +98,8 @@ def check_append(
 ) -> AppendResult | None:
     """Decide whether an append may proceed: None when it may, else its answer (a repeat).
 
-    A repeat (same id, equal content) is checked before staleness so that a
+    A repeat (same id, equal content: ``events_equal``, or the request's
+    ``same_event`` where a store seals records) is checked before staleness so that a
     caller retrying an append whose answer it lost gets the same answer:
     ``stored_seq`` is the stored event's position, which tells whether it is
     the one right after the caller's copy (see ``repeat_result``).
@@ -106,7 +107,10 @@ def check_append(
     if record is None:
         raise session_not_found(request.app_name, request.user_id, request.session_id)
     if stored_event is not None:
-        if events_equal(stored_event, request.event):
+        same = request.same_event
+        if events_equal(stored_event, request.event) or (
+            same is not None and same(request, stored_event)
+        ):
             return repeat_result(request, record.number, stored_seq)
         raise DuplicateEventError(
             f"session {request.session_id!r} already stores an event with id "
