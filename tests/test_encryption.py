@@ -455,23 +455,24 @@ def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read() -> None:
     opened = Opened()
     for number, value in enumerate([["a", {"b": 1}], {"k": [1]}, "text", 7, None, b"raw"]):
         sealed = bytes([number]) * 40
-        opened.put_value(sealed, b"map key", pack(value))
-        first = opened.value(sealed, b"map key")
+        opened.put_value(sealed, b"map", "key", pack(value))
+        first = opened.value(sealed, b"map", "key")
         assert first == value
         if isinstance(value, list):
             first.append("changed")
         elif isinstance(value, dict):
             first["k"].append(2)
-        assert opened.value(sealed, b"map key") == value
+        assert opened.value(sealed, b"map", "key") == value
         # Found only at its own place, and only as the same bytes.
-        assert opened.value(sealed, b"map other") is MISSING
-        assert opened.value(bytes([number + 1]) * 40, b"map key") is MISSING
+        assert opened.value(sealed, b"map", "other") is MISSING
+        assert opened.value(sealed, b"other map", "key") is MISSING
+        assert opened.value(bytes([number + 1]) * 40, b"map", "key") is MISSING
     # A value set again at a place replaces the one before, in what it holds and in its size.
     opened.clear()
     for number in range(1_000):
-        opened.put_value(number.to_bytes(2, "big") * 20, b"map key", pack(number))
-    assert opened.value((999).to_bytes(2, "big") * 20, b"map key") == 999
-    assert opened.value((998).to_bytes(2, "big") * 20, b"map key") is MISSING
+        opened.put_value(number.to_bytes(2, "big") * 20, b"map", "key", pack(number))
+    assert opened.value((999).to_bytes(2, "big") * 20, b"map", "key") == 999
+    assert opened.value((998).to_bytes(2, "big") * 20, b"map", "key") is MISSING
     assert 0 < opened.size < 1_000
 
 

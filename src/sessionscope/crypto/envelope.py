@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..codec import EVENT_FORMAT, decode_stored, pack
+from ..codec import EVENT_FORMAT, decode_stored, pack, unpack
 
 if TYPE_CHECKING:
     from .._speedups import _no_cython as cython
@@ -277,7 +277,7 @@ class Cipher:
             body: bytes = encrypt(nonce, value, where)
             whole: bytes = b"".join((head, nonce, body))
             if opened is not None:
-                opened.put_value(whole, where, value)
+                opened.put_value(whole, prefix, key, value)
             sealed.append((key, _bin_head(len(whole)) + whole))
         return sealed
 
@@ -364,8 +364,10 @@ class Cipher:
 
 # How many bytes of sealed values and their plaintext an ``Opened`` holds by default.
 OPENED_LIMIT = 16 << 20
-# What an entry costs beside its bytes: its object, its slot and its key.
+# What an entry costs beside its bytes: its object, its slot and its key;
+# and what a group's own dict costs.
 _ENTRY_COST = cython.declare(cython.Py_ssize_t, 200)
+_GROUP_COST = cython.declare(cython.Py_ssize_t, 400)
 _TAG = cython.declare(cython.Py_ssize_t, TAG)
 # What ``Opened.value`` answers for a value not met before (a state value may
 # be None). Each build has its own: it never leaves this module's Opened.
@@ -382,19 +384,17 @@ class _Kept:
 
     Its objects hold bytes and immutable values only, so they can take no
     part in a reference cycle: the garbage collector does not track them,
-    and a dict of them keyed by bytes (an ``Opened``'s) is not walked by its
-    passes, which a full one would otherwise do entry by entry.
+    nor a group's dict of them keyed by str or bytes, which its passes
+    would otherwise walk entry by entry.
     """
 
-    place: bytes
     sealed: bytes
     plain: bytes
     # The state value decoded (kept for a str, a number, a bool, bytes or None), or MISSING.
     value: Any
     cost: cython.Py_ssize_t
 
-    def __init__(self, place: bytes, sealed: bytes, plain: bytes, value: Any, cost: int) -> None:
-        self.place = place
+    def __init__(self, sealed: bytes, plain: bytes, value: Any, cost: int) -> None:
         self.sealed = sealed
         self.plain = plain
         self.value = value
@@ -408,14 +408,17 @@ class Opened:
 
     An agent reads back, turn after turn, the events and state it has just
     written or read. One ``Opened`` keeps events (``record``,
-    ``put_record``: found by the GCM tag, the sealed record's last 16
-    bytes), another state values (``value``, ``put_value``: found by their
-    place, map and key, so a value set again replaces the one before). An
-    entry serves only the very same sealed bytes at the very same place: a
-    value altered, moved or not met before goes through AES-GCM, which says
-    what is wrong with it. A state value decoded to a str, a number, a
-    bool, bytes or None is kept decoded; a list or a map is decoded afresh
-    on each read, as the caller may change it.
+    ``put_record``: found by their session's place and the GCM tag, the
+    sealed record's last 16 bytes), another state values (``value``,
+    ``put_value``: found by their map's place and their key, so a value set
+    again replaces the one before). Entries are grouped by the place of
+    their session or map, so that a read of one finds its values in one
+    small dict, by the key it holds already, without building each value's
+    place. An entry serves only the very same sealed bytes at the very same
+    place: a value altered, moved or not met before goes through AES-GCM,
+    which says what is wrong with it. A state value decoded to a str, a
+    number, a bool, bytes or None is kept decoded; a list or a map is
+    decoded afresh on each read, as the caller may change it.
 
     It holds plaintext, as the process does anyway while it works (the
     threat model in docs/encryption.md leaves a live process's memory
@@ -426,8 +429,8 @@ class Opened:
     erasure or a rotation).
     """
 
-    _young: dict[bytes, _Kept]
-    _old: dict[bytes, _Kept]
+    _young: dict[bytes, dict[Any, _Kept]]
+    _old: dict[bytes, dict[Any, _Kept]]
     _young_size: cython.Py_ssize_t
     _old_size: cython.Py_ssize_t
     _half: cython.Py_ssize_t
@@ -440,7 +443,7 @@ class Opened:
         self._half = limit // 2
 
     def __repr__(self) -> str:
-        count = len(self._young) + len(self._old)
+        count = sum(map(len, self._young.values())) + sum(map(len, self._old.values()))
         return f"Opened({count} values, about {self.size} of {2 * self._half} bytes)"
 
     @property
@@ -449,27 +452,40 @@ class Opened:
         return self._young_size + self._old_size
 
     @cython.cfunc
-    def _find(self, slot: bytes) -> _Kept | None:
-        found = self._young.get(slot)
-        if found is None:
-            found = self._old.get(slot)
+    def _find(self, group: bytes, slot: object) -> _Kept | None:
+        entries: dict[Any, _Kept] | None = self._young.get(group)
+        if entries is not None:
+            found = entries.get(slot)
             if found is not None:
-                kept: _Kept = found
-                self._keep(slot, kept)
+                return found
+        entries = self._old.get(group)
+        if entries is None:
+            return None
+        found = entries.get(slot)
+        if found is not None:
+            kept: _Kept = found
+            self._keep(group, slot, kept)
         return found
 
     @cython.cfunc
-    def _keep(self, slot: bytes, kept: _Kept) -> cython.int:
-        if kept.cost > self._half:
+    def _keep(self, group: bytes, slot: object, kept: _Kept) -> cython.int:
+        if kept.cost + _GROUP_COST > self._half:
             return 0
-        replaced = self._young.get(slot)
-        if replaced is not None:  # a state value set again: its cost goes with it
-            before: _Kept = replaced
-            self._young_size -= before.cost
-        if self._young_size + kept.cost > self._half:
+        entries: dict[Any, _Kept] | None = self._young.get(group)
+        if entries is not None:
+            replaced = entries.get(slot)
+            if replaced is not None:  # a state value set again: its cost goes with it
+                before: _Kept = replaced
+                self._young_size -= before.cost
+        if self._young_size + kept.cost + _GROUP_COST > self._half:
             self._old, self._old_size = self._young, self._young_size
             self._young, self._young_size = {}, 0
-        self._young[slot] = kept
+            entries = None
+        if entries is None:
+            entries = {}
+            self._young[group] = entries
+            self._young_size += _GROUP_COST
+        entries[slot] = kept
         self._young_size += kept.cost
         return 0
 
@@ -479,11 +495,11 @@ class Opened:
         size: cython.Py_ssize_t = len(sealed)
         if size < _TAG:
             return None
-        found = self._find(sealed[size - _TAG :])
+        found = self._find(at, sealed[size - _TAG :])
         if found is None:
             return None
         kept: _Kept = found
-        if kept.sealed != sealed or kept.place != at:
+        if kept.sealed != sealed:
             return None
         return kept.plain
 
@@ -494,12 +510,12 @@ class Opened:
         if size < _TAG:
             return
         cost: cython.Py_ssize_t = size + len(plain) + _ENTRY_COST
-        self._keep(sealed[size - _TAG :], _Kept(at, sealed, plain, MISSING, cost))
+        self._keep(at, sealed[size - _TAG :], _Kept(sealed, plain, MISSING, cost))
 
     @cython.ccall
-    def value(self, sealed: bytes, where: bytes) -> Any:
-        """Return the state value sealed at ``where`` (``state_place``) decoded, else MISSING."""
-        found = self._find(where)
+    def value(self, sealed: bytes, prefix: bytes, key: str) -> Any:
+        """Return the state value sealed at ``key`` of the map ``prefix`` decoded, else MISSING."""
+        found = self._find(prefix, key)
         if found is None:
             return MISSING
         kept: _Kept = found
@@ -507,22 +523,26 @@ class Opened:
             return MISSING
         value = kept.value
         if value is MISSING:
-            value = decode_stored(kept.plain, "a state value")
+            # Its plaintext decoded when it was kept (the caller's value, or
+            # one opened and decoded): msgpack's own call, not the checked one.
+            value = unpack(kept.plain)
             if type(value) in _IMMUTABLE:
                 kept.value = value
         return value
 
     @cython.ccall
-    def put_value(self, sealed: bytes, where: bytes, plain: bytes, value: Any = MISSING) -> None:
-        """Keep the state value ``sealed`` at ``where`` opens to (opened, or sealed here).
+    def put_value(
+        self, sealed: bytes, prefix: bytes, key: str, plain: bytes, value: Any = MISSING
+    ) -> None:
+        """Keep the value ``sealed`` at ``key`` of the map ``prefix`` opens to.
 
-        ``value`` is the value decoded, if it was (a value sealed here is
-        decoded when first read back).
+        (Opened, or sealed here.) ``value`` is the value decoded, if it was
+        (a value sealed here is decoded when first read back).
         """
         if value is not MISSING and type(value) not in _IMMUTABLE:
             value = MISSING
-        cost: cython.Py_ssize_t = len(sealed) + len(plain) + 2 * len(where) + _ENTRY_COST
-        self._keep(where, _Kept(where, sealed, plain, value, cost))
+        cost: cython.Py_ssize_t = len(sealed) + len(plain) + len(key) + _ENTRY_COST
+        self._keep(prefix, key, _Kept(sealed, plain, value, cost))
 
     @cython.ccall
     def clear(self) -> None:
@@ -587,17 +607,16 @@ def open_values(
     for key, sealed in values.items():
         if type(sealed) is not bytes or len(sealed) < _SHORTEST:
             return None
-        where = prefix + key.encode()
-        value = opened.value(sealed, where)
+        value = opened.value(sealed, prefix, key)
         if value is MISSING:
             cipher = heads.get(sealed[:5])
             if cipher is None:
                 return None
-            plain = cipher.open_at(sealed, 0, where)
+            plain = cipher.open_at(sealed, 0, prefix + key.encode())
             if plain is None:
                 return None
             value = decode_stored(plain, "a state value")
-            opened.put_value(sealed, where, plain, value)
+            opened.put_value(sealed, prefix, key, plain, value)
         result[key] = value
     return result
 
