@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..codec import EVENT_FORMAT, decode_stored, pack, unpack
+from ..core import pack_plain
 
 if TYPE_CHECKING:
     from .._speedups import _no_cython as cython
@@ -321,8 +322,14 @@ class Cipher:
         stamp))``, built without packing the id and time twice. ``opened``,
         if given, keeps the record, so that reading it back opens nothing.
         """
-        packed_id: bytes = pack(event_id)
-        packed_stamp: bytes = pack(stamp)
+        # The compiled packer of plain values: msgpack's bytes, without a
+        # Python frame and a thread-local packer per call.
+        packed_id: bytes | None = pack_plain(event_id)
+        if packed_id is None:
+            packed_id = pack(event_id)
+        packed_stamp: bytes | None = pack_plain(stamp)
+        if packed_stamp is None:
+            packed_stamp = pack(stamp)
         where = at + packed_id + packed_stamp
         nonce = self._nonce()
         body: bytes = self._encrypt(nonce, record, where)
