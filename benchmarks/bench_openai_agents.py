@@ -11,7 +11,9 @@ Redis and memory. Measured: ``add_items`` of one turn (four items),
 ``get_items(limit=20)`` at 10, 1,000 and 100,000 items, ``pop_item``, and 8
 processes each adding turns to its own session and then all to one shared
 session (turns per second, operations that failed, items lost). Medians in
-microseconds; the ratio is SQLiteSession's time over the backend's.
+microseconds; the ratio is SQLiteSession's time over the backend's. Last,
+the floors no backend goes below, in the same run: decoding the twenty
+items a ``get_items(20)`` returns, and one sync of the disk.
 
 Goal: ``get_items(20)`` at 1,000 items and durable ``add_items`` at least
 10x faster than ``SQLiteSession``; no failed operation across processes.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import shutil
@@ -37,6 +40,7 @@ from typing import Any
 from agents import SQLiteSession
 from agents.extensions.memory import AsyncSQLiteSession, RedisSession
 
+from sessionscope.codec import pack, unpack
 from sessionscope.openai_agents import AgentsSession
 from sessionscope.stores import open_store
 
@@ -208,6 +212,50 @@ async def _measure(backend: Backend, sizes: list[int], rounds: int) -> dict[str,
     return figures
 
 
+def floors(directory: Path, rounds: int) -> dict[str, float]:
+    """Return what no backend goes below, in microseconds, measured in this run.
+
+    Decoding the twenty items ``get_items(20)`` returns: from one msgpack
+    array, the least decoding AgentsSession can do (its items are msgpack),
+    and from twenty JSON texts, as SQLiteSession stores them. And one sync
+    of this disk: a 4 KiB write and ``fdatasync`` in the benchmark's
+    directory, the least a durable ``add_items`` waits for on any backend.
+    """
+    items = [dict(TURN[i % 4], n=980 + i) for i in range(20)]
+    packed = pack(items)
+    texts = [json.dumps(item) for item in items]
+    assert unpack(packed) == [json.loads(text) for text in texts] == items
+
+    def median_of(call: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1e6
+
+    path = directory / "sync-floor"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        block = os.urandom(4096)
+
+        def sync() -> None:
+            os.pwrite(descriptor, block, 0)
+            os.fdatasync(descriptor)
+
+        sync_us = median_of(sync)
+    finally:
+        os.close(descriptor)
+        path.unlink()
+    return {
+        "decoding 20 items, msgpack (one array)": median_of(lambda: unpack(packed)),
+        "decoding 20 items, JSON (one text each)": median_of(
+            lambda: [json.loads(text) for text in texts]
+        ),
+        "one 4 KiB write and fdatasync": sync_us,
+    }
+
+
 # -- processes ------------------------------------------------------------------------
 
 
@@ -322,7 +370,7 @@ def main() -> None:
                     "shared": processes(kind(base, url), True, workers, turns),
                 }
             print(f"measured {kind.name}", file=sys.stderr, flush=True)
-        report(table, procs, workers, turns)
+        report(table, procs, workers, turns, floors(root, rounds))
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -334,6 +382,7 @@ def report(
     procs: dict[str, dict[str, dict[str, Any]]],
     workers: int,
     turns: int,
+    floor: dict[str, float],
 ) -> None:
     base = table[Sqlite.name]
     operations = list(base)
@@ -357,6 +406,11 @@ def report(
         print(f"| {name} | {own['turns/s']:,.0f} | {own['failed']} | {own['lost items']} "
               f"| {shared['turns/s']:,.0f} | {shared['failed']} | {shared['lost items']} "
               f"| {error} |")  # fmt: skip
+    print("\nWhat no backend goes below, in this run (median microseconds)\n")
+    print("| floor | us |")
+    print("|---|---|")
+    for name, value in floor.items():
+        print(f"| {name} | {value:,.1f} |")
 
 
 if __name__ == "__main__":
