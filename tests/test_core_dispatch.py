@@ -27,6 +27,7 @@ EXPORTED = [
     "apply_delta",
     "check_delta",
     "check_storable",
+    "last_values",
     "merge_scopes",
     "pack_event",
     "pack_plain",

@@ -474,3 +474,128 @@ def test_key_and_value_helpers_refuse_other_types(core_impl: ModuleType) -> None
             core_impl.sized_key(b"p", "x", limit)
     assert core_impl.timed_record(-0.0, b"r") == b"\x80" + bytes(7) + b"r"
     assert core_impl.sized_key(b"p", "", 0) == b"p\x00\x00"
+
+
+# -- last_values: the value under a record map's last key, without decoding the rest ----
+
+record_maps = st.dictionaries(st.text(max_size=6), storable_values, max_size=5)
+
+
+def _record(prefix: bytes, fields: dict[str, Any], key: str, value: Any) -> bytes:
+    """Return ``prefix`` and a packed map of ``fields`` whose last entry is ``key``."""
+    fields = {name: field for name, field in fields.items() if name != key}
+    fields[key] = value
+    return prefix + codec.pack(fields)
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.lists(st.tuples(record_maps, storable_values), max_size=20),
+    st.binary(max_size=2),
+    st.sampled_from(["content", "", "é" * 20, "k" * 40]),
+)
+def test_last_values_agrees_and_holds_each_records_last_value(
+    maps: list[tuple[dict[str, Any], Any]], prefix: bytes, key: str
+) -> None:
+    """One msgpack array of each record's value under its last key, bytes as stored."""
+    records = [_record(prefix, fields, key, value) for fields, value in maps]
+    kind, gathered = _agree("last_values", records, prefix, key)
+    assert kind == "ok" and gathered is not None
+    expected = [codec.unpack(record[len(prefix) :])[key] for record in records]
+    assert codec.unpack(gathered) == expected
+    # The items are the stored bytes: nothing was decoded and packed again.
+    assert gathered.endswith(b"".join(codec.pack(value) for value in expected))
+
+
+@needs_compiled
+@SETTINGS
+@given(
+    st.lists(st.tuples(record_maps, storable_values), min_size=1, max_size=4),
+    st.data(),
+)
+def test_last_values_agrees_on_damage_and_never_misframes(
+    maps: list[tuple[dict[str, Any], Any]], data: st.DataObject
+) -> None:
+    """Cut, extended or altered records: None, or an array of exactly one object per record."""
+    records = [_record(b"\x01", fields, "content", value) for fields, value in maps]
+    index = data.draw(st.integers(0, len(records) - 1))
+    record = records[index]
+    damage = data.draw(st.sampled_from(["cut", "extend", "flip", "other key last"]))
+    if damage == "cut":
+        record = record[: data.draw(st.integers(0, len(record) - 1))]
+    elif damage == "extend":
+        record += data.draw(st.binary(min_size=1, max_size=4))
+    elif damage == "flip":
+        at = data.draw(st.integers(0, len(record) - 1))
+        record = record[:at] + bytes([data.draw(st.integers(0, 255))]) + record[at + 1 :]
+    else:
+        record = b"\x01" + codec.pack({"content": 1, "id": "x"})
+    records[index] = record
+    kind, gathered = _agree("last_values", records, b"\x01", "content")
+    assert kind == "ok"
+    if damage in ("cut", "extend", "other key last"):
+        assert gathered is None
+    if gathered is not None:
+        # Exactly one whole object per record: unpacking consumes it all.
+        items = codec.unpack(gathered) if _decodes(gathered) else None
+        if items is not None:
+            assert len(items) == len(records)
+
+
+def _decodes(data: bytes) -> bool:
+    import msgpack
+
+    try:
+        codec.unpack(data)
+    except msgpack.ExtraData:  # an object left over: the array was misframed
+        raise
+    except (ValueError, TypeError):  # invalid UTF-8, a non-str key: not a framing error
+        return False
+    return True
+
+
+def test_last_values_refuses_other_types_and_reads_every_msgpack_type(
+    core_impl: ModuleType,
+) -> None:
+    """Wrong argument types are TypeErrors; ext, 16- and 32-bit sizes are walked like the rest."""
+    import struct
+
+    import msgpack
+
+    with pytest.raises(TypeError, match="records must be a list"):
+        core_impl.last_values((b"",), b"", "k")
+    with pytest.raises(TypeError, match="prefix must be bytes"):
+        core_impl.last_values([], "", "k")
+    with pytest.raises(TypeError, match="key must be a str"):
+        core_impl.last_values([], b"", b"k")
+    assert core_impl.last_values([], b"", "k") == b"\x90"
+    assert core_impl.last_values([bytearray(b"\x81\xa1k\x01")], b"", "k") is None
+    assert core_impl.last_values([b"\x80"], b"", "k") is None  # an empty map
+    assert core_impl.last_values([b"\x92\xa1k\x01"], b"", "k") is None  # not a map
+    # Every msgpack type before the last key, each size class of each.
+    before = [
+        *(msgpack.ExtType(5, b"x" * n) for n in (100, 300, 70_000)),  # ext 8, 16, 32
+        *(msgpack.ExtType(1, b"y" * n) for n in (1, 2, 4, 8, 16)),  # fixext
+        *("s" * n for n in (5, 40, 300, 70_000)),  # fixstr, str 8, 16, 32
+        *(b"b" * n for n in (10, 300, 70_000)),  # bin 8, 16, 32
+        list(range(3)), list(range(20)), list(range(70_000)),  # fixarray, array 16, 32
+        {"a": 1}, {str(n): n for n in range(20)}, {str(n): n for n in range(70_000)},
+        1.5, 5, -5, 200, -100, 300, -300, 70_000, -70_000, 2**40, -(2**40), 2**64 - 1,
+        True, False, None,
+    ]  # fmt: skip
+    entries = [(msgpack.packb(f"f{n}"), msgpack.packb(v)) for n, v in enumerate(before)]
+    entries.append((msgpack.packb("f32"), b"\xca" + struct.pack(">f", 0.25)))  # float 32
+    value = {"nested": [list(range(70_000))]}
+    body = b"".join(k + v for k, v in entries) + msgpack.packb("k") + msgpack.packb(value)
+    count = len(entries) + 1
+    for head in (b"\xde" + count.to_bytes(2, "big"), b"\xdf" + count.to_bytes(4, "big")):
+        record = b"\x01" + head + body  # map 16 and map 32
+        gathered = core_impl.last_values([record] * 17, b"\x01", "k")
+        assert gathered is not None and gathered[:3] == b"\xdc\x00\x11"
+        assert msgpack.unpackb(gathered) == [value] * 17
+    small = b"\x82" + msgpack.packb("a") + b"\x01" + msgpack.packb("k") + b"\x02"
+    assert msgpack.unpackb(core_impl.last_values([small], b"", "k")) == [2]
+    never_used = small.replace(b"\x01", b"\xc1")  # 0xc1 is no msgpack type
+    assert core_impl.last_values([never_used], b"", "k") is None
+    assert core_impl.last_values([small[:-1] + b"\xc1"], b"", "k") is None

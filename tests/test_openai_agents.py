@@ -269,6 +269,27 @@ def test_a_session_written_by_the_adk_drop_in_is_refused(store_factory: StoreFac
         run(AgentsSession("native", store).get_items())
 
 
+def test_records_laid_out_otherwise_are_read_one_by_one(store_factory: StoreFactory) -> None:
+    """A record whose content is not its last entry still gives its content, in order.
+
+    ``get_items`` gathers the items of records laid out as ``add_items``
+    writes them without decoding the rest; a native event with content and
+    fields after it is read the slow way, and the order holds.
+    """
+    store = store_factory()
+    run(AgentsSession("mixed", store).add_items(items("a", 2)))
+    svc = SyncSessionService(store)
+    session = svc.get_session(app_name=DEFAULT_APP_NAME, user_id=DEFAULT_USER_ID,
+                              session_id="mixed")  # fmt: skip
+    assert session is not None
+    content = {"role": "user", "content": "native"}
+    svc.append_event(session, Event(author="me", content=content, invocation_id="inv-1"))
+    run(AgentsSession("mixed", store).add_items(items("b", 1)))
+    expected = [*items("a", 2), content, *items("b", 1)]
+    assert run(AgentsSession("mixed", store).get_items()) == expected
+    assert run(AgentsSession("mixed", store).get_items(2)) == expected[-2:]
+
+
 def test_a_uri_opens_a_store_the_session_owns(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with AgentsSession("s", f"lmdb://{tmp_path / 'db'}") as session:

@@ -37,6 +37,7 @@ __all__ = [
     "check_delta",
     "check_storable",
     "compiled_or_twin",
+    "last_values",
     "merge_scopes",
     "pack_event",
     "pack_plain",
@@ -134,4 +135,5 @@ check_delta = _impl.check_delta
 pack_event = _impl.pack_event
 pack_plain = _impl.pack_plain
 sized_key = _impl.sized_key
+last_values = _impl.last_values
 timed_record = _impl.timed_record

@@ -32,6 +32,7 @@ from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
 from .codec import EVENT_FORMAT, decode_event, encode_event, unpack
+from .core import IMPLEMENTATION, last_values
 from .errors import AlreadyExistsError, CorruptStoreError, SessionNotFoundError
 from .model import new_event_id
 from .service.core import check_id
@@ -221,24 +222,29 @@ def _author(item: Any) -> str:
 def _items_of(records: list[bytes]) -> list[Any]:
     """Return the items stored records hold, in order.
 
-    The records' bodies are unpacked as one msgpack array, in one call:
-    decoding is most of what reading twenty items costs. Any record that
-    is not of the current format, or that does not unpack, is decoded on
-    its own, which says what is wrong.
+    Decoding is most of what reading twenty items costs, so it is done in
+    one call. The compiled core's ``last_values`` walks the records without
+    decoding them and gathers the bytes under ``content``, the last entry of
+    the records ``add_items`` writes: only the items are decoded. (Walking
+    in Python costs more than decoding whole records, so the pure core
+    decodes the records, as one msgpack array.) Any record laid out
+    otherwise, or that does not unpack, is decoded on its own, which says
+    what is wrong.
     """
-    count = len(records)
-    if all(record[:1] == _FORMAT_BYTE for record in records):
-        head = (
-            bytes([0x90 | count]) if count < 16
-            else b"\xdc" + count.to_bytes(2, "big") if count < 65536
-            else b"\xdd" + count.to_bytes(4, "big")
-        )  # fmt: skip
-        try:
+    try:
+        if IMPLEMENTATION == "c":
+            contents = last_values(records, _FORMAT_BYTE, "content")
+            if contents is not None:
+                items: list[Any] = unpack(contents)
+                return items
+        elif all(record[:1] == _FORMAT_BYTE for record in records):
+            # The records' maps, as one msgpack array (a 32-bit count fits any).
+            head = b"\xdd" + len(records).to_bytes(4, "big")
             fields = unpack(head + b"".join([memoryview(record)[1:] for record in records]))
-        except Exception:  # decoded one by one below, which names the damage
-            fields = None
-        if fields is not None and all(type(f) is dict and "content" in f for f in fields):
-            return [f["content"] for f in fields]
+            if all(type(f) is dict and "content" in f for f in fields):
+                return [f["content"] for f in fields]
+    except Exception:  # decoded one by one below, which names the damage
+        pass
     return [_item_of(record) for record in records]
 
 

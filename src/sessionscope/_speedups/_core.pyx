@@ -46,7 +46,7 @@ from cpython.unicode cimport (
 )
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from "Python.h":
@@ -92,6 +92,7 @@ __all__ = [
     "apply_delta",
     "check_delta",
     "check_storable",
+    "last_values",
     "merge_scopes",
     "pack_event",
     "pack_plain",
@@ -1002,3 +1003,171 @@ def sized_key(prefix, text, limit):
     _big_endian(data + start, <uint64_t>size, 2)
     memcpy(data + start + 2, raw, size)
     return out
+
+
+# -- reading records ------------------------------------------------------------------
+
+
+cdef inline Py_ssize_t _read_big(const unsigned char* data, int width) noexcept:
+    cdef Py_ssize_t value = 0
+    cdef int i
+    for i in range(width):
+        value = (value << 8) | data[i]
+    return value
+
+
+cdef Py_ssize_t _skip(const unsigned char* data, Py_ssize_t at, Py_ssize_t end) noexcept:
+    """Return where the msgpack object at ``data[at:]`` ends; -1 if it does not end by ``end``."""
+    cdef Py_ssize_t pending = 1
+    cdef Py_ssize_t size
+    cdef unsigned char kind
+    cdef int width
+    while pending:
+        # Every object left takes at least a byte (which also bounds ``pending``).
+        if pending > end - at:
+            return -1
+        kind = data[at]
+        at += 1
+        pending -= 1
+        if kind <= 0x7F or kind >= 0xE0:  # fixint
+            continue
+        if kind <= 0x8F:  # fixmap
+            pending += 2 * (kind & 0x0F)
+            continue
+        if kind <= 0x9F:  # fixarray
+            pending += kind & 0x0F
+            continue
+        if kind <= 0xBF:  # fixstr
+            at += kind & 0x1F
+        elif kind == 0xC0 or kind == 0xC2 or kind == 0xC3:  # nil, false, true
+            continue
+        elif kind == 0xCA:
+            at += 4
+        elif kind == 0xCB:
+            at += 8
+        elif 0xCC <= kind <= 0xD3:  # uint8 to int64: 1, 2, 4, 8 bytes
+            at += 1 << ((kind - 0xCC) & 3)
+        elif 0xD4 <= kind <= 0xD8:  # fixext: a type byte and 1, 2, 4, 8, 16 bytes
+            at += 1 + (1 << (kind - 0xD4))
+        elif kind == 0xC1:  # never used
+            return -1
+        else:
+            if kind == 0xC4 or kind == 0xD9 or kind == 0xC7:  # bin8, str8, ext8
+                width = 1
+            elif kind == 0xC5 or kind == 0xDA or kind == 0xC8 or kind == 0xDC or kind == 0xDE:
+                width = 2
+            else:  # bin32, str32, ext32, array32, map32
+                width = 4
+            if width > end - at:
+                return -1
+            size = _read_big(data + at, width)
+            at += width
+            if kind == 0xDC or kind == 0xDD:  # arrays
+                pending += size
+            elif kind == 0xDE or kind == 0xDF:  # maps
+                pending += 2 * size
+            elif kind == 0xC7 or kind == 0xC8 or kind == 0xC9:  # ext: a type byte, then data
+                if size > end - at:
+                    return -1
+                at += 1 + size
+            else:
+                if size > end - at:
+                    return -1
+                at += size
+        if at > end:
+            return -1
+    return at
+
+
+cdef bytes _array_head(Py_ssize_t count):
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 0x10000:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def last_values(records, prefix, key):
+    """Return one msgpack array of the value each record holds under ``key``, or None.
+
+    Each record must be ``prefix``, then one msgpack map whose last entry is
+    ``key`` (packed as msgpack packs a str) and its value, and nothing after
+    it. The array's items are those values' bytes as stored, so the caller
+    decodes them all in one call and decodes nothing else of the records.
+    Every object of every record is walked, so each item is exactly one
+    msgpack object. None when a record is laid out otherwise (the caller
+    then decodes each record whole, which says what is wrong).
+    """
+    cdef Py_ssize_t count, index, at, end, size, entries, total, start, walked
+    cdef Py_ssize_t prefix_size, key_size, head_size
+    cdef const unsigned char* data
+    cdef const char* key_data
+    cdef unsigned char kind
+    cdef Py_ssize_t* starts
+    cdef char* out_data
+    if not PyList_CheckExact(records):
+        raise TypeError(f"records must be a list, not {type(records).__name__}")
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyUnicode_CheckExact(key):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    packed_key = pack_plain(key)
+    if packed_key is None:
+        raise TypeError("key is not plain")  # cannot happen for a str
+    key_data = PyBytes_AS_STRING(packed_key)
+    key_size = PyBytes_GET_SIZE(packed_key)
+    prefix_size = PyBytes_GET_SIZE(prefix)
+    count = PyList_GET_SIZE(records)
+    head = _array_head(count)
+    head_size = PyBytes_GET_SIZE(head)
+    starts = <Py_ssize_t*>malloc((count + 1) * sizeof(Py_ssize_t))
+    if starts == NULL:
+        raise MemoryError()
+    try:
+        total = head_size
+        for index in range(count):
+            record = <object>PyList_GET_ITEM(records, index)
+            if not PyBytes_CheckExact(record):
+                return None
+            data = <const unsigned char*>PyBytes_AS_STRING(record)
+            end = PyBytes_GET_SIZE(record)
+            if end <= prefix_size or memcmp(data, PyBytes_AS_STRING(prefix), prefix_size) != 0:
+                return None
+            at = prefix_size
+            kind = data[at]
+            at += 1
+            if 0x80 <= kind <= 0x8F:
+                entries = kind & 0x0F
+            elif kind == 0xDE or kind == 0xDF:
+                size = 2 if kind == 0xDE else 4
+                if size > end - at:
+                    return None
+                entries = _read_big(data + at, <int>size)
+                at += size
+            else:
+                return None
+            if entries == 0:
+                return None
+            for walked in range(2 * (entries - 1)):  # the entries before the last
+                at = _skip(data, at, end)
+                if at < 0:
+                    return None
+            if key_size > end - at or memcmp(data + at, key_data, key_size) != 0:
+                return None
+            at += key_size
+            if at >= end or _skip(data, at, end) != end:
+                return None
+            starts[index] = at
+            total += end - at
+        out = PyBytes_FromStringAndSize(NULL, total)
+        out_data = PyBytes_AS_STRING(out)
+        memcpy(out_data, PyBytes_AS_STRING(head), head_size)
+        start = head_size
+        for index in range(count):
+            record = <object>PyList_GET_ITEM(records, index)
+            size = PyBytes_GET_SIZE(record) - starts[index]
+            memcpy(out_data + start, PyBytes_AS_STRING(record) + starts[index], size)
+            start += size
+        return out
+    finally:
+        free(starts)

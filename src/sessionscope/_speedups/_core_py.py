@@ -33,6 +33,7 @@ __all__ = [
     "apply_delta",
     "check_delta",
     "check_storable",
+    "last_values",
     "merge_scopes",
     "pack_event",
     "pack_plain",
@@ -445,3 +446,121 @@ def sized_key(prefix: bytes, text: str, limit: int) -> bytes | None:
     if len(raw) > limit:
         return None
     return prefix + len(raw).to_bytes(2, "big") + raw
+
+
+# -- reading records ------------------------------------------------------------------
+
+# The msgpack types by their first byte, past the fixed ranges: the bytes of
+# a length field (or element count), the fixed bytes after the type byte,
+# and how many objects each counted element is (1 in an array, 2 in a map).
+_SIZED: Final = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin, str
+_EXT: Final = {0xC7: 1, 0xC8: 2, 0xC9: 4}  # ext: length, then a type byte
+_FIXED: Final = {
+    0xC0: 0, 0xC2: 0, 0xC3: 0,  # nil, false, true
+    0xCA: 4, 0xCB: 8,  # floats
+    0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8,  # ints
+    0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17,  # fixext: type byte and data
+}  # fmt: skip
+_COUNTED: Final = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # arrays, maps
+
+
+def _skip(data: bytes, at: int, end: int) -> int:
+    """Return where the msgpack object at ``data[at:]`` ends; -1 if it does not end by ``end``."""
+    pending = 1
+    while pending:
+        # Every object left takes at least a byte.
+        if pending > end - at:
+            return -1
+        kind = data[at]
+        at += 1
+        pending -= 1
+        if kind <= 0x7F or kind >= 0xE0:  # fixint
+            continue
+        if kind <= 0x8F:  # fixmap
+            pending += 2 * (kind & 0x0F)
+        elif kind <= 0x9F:  # fixarray
+            pending += kind & 0x0F
+        elif kind <= 0xBF:  # fixstr
+            at += kind & 0x1F
+        elif kind in _FIXED:
+            at += _FIXED[kind]
+        else:
+            width = _SIZED.get(kind) or _EXT.get(kind)
+            if width is not None:
+                if at + width > end:
+                    return -1
+                size = int.from_bytes(data[at : at + width], "big")
+                at += width + size + (1 if kind in _EXT else 0)
+            elif kind in _COUNTED:
+                width, each = _COUNTED[kind]
+                if at + width > end:
+                    return -1
+                pending += each * int.from_bytes(data[at : at + width], "big")
+                at += width
+            else:  # 0xC1, never used
+                return -1
+        if at > end:
+            return -1
+    return at
+
+
+def _array_head(count: int) -> bytes:
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 0x10000:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def last_values(records: list[bytes], prefix: bytes, key: str) -> bytes | None:
+    """Return one msgpack array of the value each record holds under ``key``, or None.
+
+    Each record must be ``prefix``, then one msgpack map whose last entry is
+    ``key`` (packed as msgpack packs a str) and its value, and nothing after
+    it. The array's items are those values' bytes as stored, so the caller
+    decodes them all in one call and decodes nothing else of the records.
+    Every object of every record is walked, so each item is exactly one
+    msgpack object. None when a record is laid out otherwise (the caller
+    then decodes each record whole, which says what is wrong).
+    """
+    if type(records) is not list:
+        raise TypeError(f"records must be a list, not {type(records).__name__}")
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(key) is not str:
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    packed_key = pack_plain(key)
+    assert packed_key is not None  # a str is plain, or encoding it raised
+    values = [_array_head(len(records))]
+    for record in records:
+        if type(record) is not bytes or not record.startswith(prefix):
+            return None
+        end = len(record)
+        at = len(prefix)
+        if at >= end:
+            return None
+        kind = record[at]
+        at += 1
+        if 0x80 <= kind <= 0x8F:
+            count = kind & 0x0F
+        elif kind in (0xDE, 0xDF):
+            width = 2 if kind == 0xDE else 4
+            count = int.from_bytes(record[at : at + width], "big")
+            at += width
+            if at > end:
+                return None
+        else:
+            return None
+        if count == 0:
+            return None
+        for _ in range(2 * (count - 1)):  # the entries before the last
+            at = _skip(record, at, end)
+            if at < 0:
+                return None
+        if not record.startswith(packed_key, at):
+            return None
+        at += len(packed_key)
+        if at >= end or _skip(record, at, end) != end:
+            return None
+        values.append(record[at:])
+    return b"".join(values)
