@@ -530,7 +530,8 @@ def last_values(records: list[bytes], prefix: bytes, key: str) -> bytes | None:
     if type(key) is not str:
         raise TypeError(f"key must be a str, not {type(key).__name__}")
     packed_key = pack_plain(key)
-    assert packed_key is not None  # a str is plain, or encoding it raised
+    if packed_key is None:
+        raise TypeError("key is not plain")  # cannot happen for a str
     values = [_array_head(len(records))]
     for record in records:
         if type(record) is not bytes or not record.startswith(prefix):
