@@ -218,6 +218,19 @@ def split(sealed: bytes) -> tuple[int, int]:
     return version, key_id
 
 
+@cython.cfunc
+def _packed(value: object) -> bytes:
+    """Return the msgpack bytes of an event's id or time.
+
+    The compiled packer of plain values first: msgpack's bytes, without a
+    Python frame and a thread-local packer per call; the codec's otherwise.
+    """
+    packed: bytes | None = pack_plain(value)
+    if packed is None:
+        packed = pack(value)
+    return packed
+
+
 @cython.final
 @cython.cclass
 class Cipher:
@@ -322,14 +335,8 @@ class Cipher:
         stamp))``, built without packing the id and time twice. ``opened``,
         if given, keeps the record, so that reading it back opens nothing.
         """
-        # The compiled packer of plain values: msgpack's bytes, without a
-        # Python frame and a thread-local packer per call.
-        packed_id: bytes | None = pack_plain(event_id)
-        if packed_id is None:
-            packed_id = pack(event_id)
-        packed_stamp: bytes | None = pack_plain(stamp)
-        if packed_stamp is None:
-            packed_stamp = pack(stamp)
+        packed_id = _packed(event_id)
+        packed_stamp = _packed(stamp)
         where = at + packed_id + packed_stamp
         nonce = self._nonce()
         body: bytes = self._encrypt(nonce, record, where)
