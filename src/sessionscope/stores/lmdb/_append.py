@@ -156,6 +156,8 @@ def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bo
     finally:
         gate.__exit__()
     writer.dirty = True
+    if writer.warmer_idle:
+        writer.wake_warmer()
     return outcomes
 
 

@@ -57,6 +57,7 @@ from .opening import (
     open_adopting,
     open_failure,
 )
+from .warming import MapWarmer, warmer_for
 
 if TYPE_CHECKING:
     # The source is the type source; its compiled build has the same signatures.
@@ -161,6 +162,7 @@ class Writer:
             # would otherwise stay taken until every process closed it.
             self.env.reader_check()
             self.map_size: int = self.env.info()["map_size"]
+            self.page_size: int = self.env.stat()["psize"]
             self.dbs = self._open_databases(check)
             self.lock_id = file_id(self.lock_name)
             self.data_id = file_id(path / "data.mdb")
@@ -182,6 +184,9 @@ class Writer:
         self._admit = threading.Lock()
         self._committer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
+        self._warmer: MapWarmer | None = None
+        # Whether the warmer sleeps until a commit wakes it (see warming.py).
+        self.warmer_idle = False
         self._sync_cond = threading.Condition()
         self._sync_waiters: list[Pending[None]] = []
         if durability == "sync":
@@ -192,6 +197,13 @@ class Writer:
             )
             self._syncer.start()
             _deferred_open.add(self)
+            # The first write to each new page of a writable map faults: read them ahead.
+            self._warmer = warmer_for(self)
+
+    def wake_warmer(self) -> None:
+        """Wake the warmer that sleeps while the store does not grow (after a commit)."""
+        if self._warmer is not None:
+            self._warmer.wake()
 
     @property
     def forked(self) -> bool:
@@ -703,6 +715,9 @@ class Writer:
             with self._sync_cond:
                 self._sync_cond.notify()
             self._syncer.join()
+        if self._warmer is not None:
+            self._warmer.stop()
+            self.warmer_idle = False
         # Wait for running transactions, and turn away the ones still to begin.
         self.gate.exclusive(self._release)
         # After LMDB: closing the lock file drops this process's locks on it.
