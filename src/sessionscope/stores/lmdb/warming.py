@@ -105,9 +105,9 @@ class MapWarmer:
             return
         try:
             self._warm(fd)
-        except OSError as error:
+        except Exception as error:
             # Reading ahead is only for speed: the store goes on as it would without it.
-            _log.debug("warming %s stopped: %s", self._writer.path, error)
+            _log.warning("reading %s ahead of its writes stopped: %r", self._writer.path, error)
         finally:
             os.close(fd)
 
@@ -121,9 +121,9 @@ class MapWarmer:
                 # Asleep until a commit: looked at once more after saying so,
                 # so that a commit just before it is not missed.
                 writer.warmer_idle = True
-                end = self._used_end()
-                if end == last_end:
+                if self._used_end() == last_end:
                     self._wake.wait()
+                writer.warmer_idle = False
             else:
                 self._wake.wait(_BUSY)
             self._wake.clear()
