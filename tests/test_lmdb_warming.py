@@ -20,19 +20,18 @@ import pytest
 
 from _stores import APP, USER, child_env, ev
 from sessionscope import LmdbStore, SyncSessionService
+from sessionscope.stores import open_store
+from sessionscope.stores.lmdb import path_uri
 
 # A child that grows a fresh deferred store in rounds of about half a MiB,
 # each started once the warmer has read a MiB past the last used page, and
-# counts the major faults of the writes alone ("off": without the warmer).
+# counts the major faults of the writes alone ("off": read_ahead=False).
 _GROW_AND_COUNT = r"""
 import json, resource, sys, time
-import sessionscope.stores.lmdb.writer as writer_module
 from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
 
 path, mode = sys.argv[1], sys.argv[2]
-if mode == "off":
-    writer_module.warmer_for = lambda writer: None
-store = LmdbStore(path, durability="deferred")
+store = LmdbStore(path, durability="deferred", read_ahead=mode == "on")
 writer = store._writer
 service = SyncSessionService(store)
 session = service.create_session(app_name="app", user_id="user", session_id="s")
@@ -146,3 +145,31 @@ def test_stores_that_do_not_write_through_a_writable_map_have_no_warmer(tmp_path
         assert not durable.writemap and durable._writer._warmer is None
     finally:
         durable.close()
+
+
+@pytest.mark.parametrize("how", ["keyword", "uri"])
+def test_read_ahead_off_opens_a_deferred_store_without_a_warmer(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "store"
+    if how == "keyword":
+        store = LmdbStore(path, durability="deferred", read_ahead=False)
+    else:
+        store = open_store(f"{path_uri(path)}?durability=deferred&read_ahead=no")
+    try:
+        assert isinstance(store, LmdbStore)
+        assert store.writemap and store._writer._warmer is None
+        with SyncSessionService(store) as service:
+            session = service.create_session(app_name=APP, user_id=USER, session_id="s")
+            service.append_event(session, ev(delta={"a": "x" * 50_000}))
+            again = service.get_session(app_name=APP, user_id=USER, session_id="s")
+            assert again is not None and again.state["a"] == "x" * 50_000
+    finally:
+        store.close()
+
+
+def test_a_read_ahead_option_that_is_not_yes_or_no_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    with pytest.raises(ValueError, match="read_ahead"):
+        open_store(f"{path_uri(path)}?durability=deferred&read_ahead=maybe")
+    assert not path.exists()

@@ -81,6 +81,7 @@ _LMDB_OPTIONS: dict[str, Reader] = {
     "session_ttl": float,
     "verify": flag,
     "trust_directory": flag,
+    "read_ahead": flag,
     **ENCRYPTION_OPTIONS,
 }
 # The options a redis URI may carry in its query (the rest is redis-py's own

@@ -156,6 +156,7 @@ class LmdbStore:
         verify: bool = False,
         trust_directory: bool = False,
         encrypted_ok: bool = False,
+        read_ahead: bool = True,
     ) -> None:
         ttl = check_ttl(session_ttl)
         map_size = check_options(durability, map_size, flush_interval, file_mode, max_readers)
@@ -184,6 +185,7 @@ class LmdbStore:
             file_mode=file_mode,
             max_readers=max_readers,
             check=None if encrypted_ok else _refuse_encrypted_at(self.path),
+            read_ahead=read_ahead,
         )
         # Expires idle sessions at open and then periodically, with session_ttl.
         self.session_ttl = ttl

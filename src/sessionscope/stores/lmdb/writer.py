@@ -129,6 +129,7 @@ class Writer:
         file_mode: int,
         max_readers: int,
         check: Callable[[Any, Databases], None] | None = None,
+        read_ahead: bool = True,
     ) -> None:
         self.path = path
         self.durability: Durability = durability
@@ -198,7 +199,7 @@ class Writer:
             self._syncer.start()
             _deferred_open.add(self)
             # The first write to each new page of a writable map faults: read them ahead.
-            self._warmer = warmer_for(self)
+            self._warmer = warmer_for(self) if read_ahead else None
 
     def wake_warmer(self) -> None:
         """Wake the warmer that sleeps while the store does not grow (after a commit)."""
