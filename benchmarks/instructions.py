@@ -207,7 +207,7 @@ def child(name: str, total: int, count: int, scratch: Path) -> None:
     def adapter() -> Any:
         from sessionscope.adk import LmdbSessionService
 
-        return LmdbSessionService(str(scratch / "adapter"), durability="deferred")
+        return LmdbSessionService(str(scratch / "adapter"), durability="deferred", read_ahead=False)
 
     def adk_sqlite() -> Any:
         from google.adk.sessions.sqlite_session_service import SqliteSessionService
