@@ -148,6 +148,9 @@ class Writer:
         self._writemap_allowed = True
         # Whether a commit since the last sync left something to sync.
         self.dirty = False
+        # Whether the warmer sleeps until a commit wakes it (see warming.py);
+        # set before any transaction, since every commit reads it.
+        self.warmer_idle = False
         self.env = self._open_env(map_size)
         self.lock_path = path / "lock.mdb"
         # A str: os.stat takes it without converting a Path on every write.
@@ -186,8 +189,6 @@ class Writer:
         self._committer: threading.Thread | None = None
         self._syncer: threading.Thread | None = None
         self._warmer: MapWarmer | None = None
-        # Whether the warmer sleeps until a commit wakes it (see warming.py).
-        self.warmer_idle = False
         self._sync_cond = threading.Condition()
         self._sync_waiters: list[Pending[None]] = []
         if durability == "sync":
