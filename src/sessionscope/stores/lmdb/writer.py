@@ -13,6 +13,8 @@ calling thread or, for event loops, by the writer thread. With
 ``"deferred"`` writes commit in the caller's thread without fsync and a
 syncer thread syncs every ``flush_interval`` seconds and on ``flush()``;
 ``close()`` syncs, and so does the interpreter's exit for a store left open.
+A deferred store that writes through a writable map also runs a thread that
+reads the map's next pages ahead of the writes (``warming.MapWarmer``).
 
 The map starts at ``map_size`` and doubles when a write runs out of it; a
 process adopts a map another process grew when its next transaction begins.
