@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -244,6 +245,23 @@ def child_env() -> dict[str, str]:
     src = str(Path(sessionscope.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+def child_json(*args: str, timeout: float = 120) -> Any:
+    """Run ``python ARGS`` in a worker process (see child_env); return what it printed, as JSON.
+
+    The child must succeed: its standard error is the failure message.
+    """
+    done = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def run_cli(

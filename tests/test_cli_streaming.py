@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import subprocess
 import sys
 import threading
@@ -192,7 +191,7 @@ def test_event_pages_read_every_stored_event_once(
 
 def test_the_paged_commands_agree_on_every_store(tmp_path: Path, redis_server: RedisServer) -> None:
     """ls, stats, verify and export read the same figures a page at a time on each store."""
-    from _stores import child_env
+    from _stores import child_json
     from sessionscope import Event, EventActions, SyncSessionService, open_store
 
     uris = [f"lmdb://{tmp_path / 'store'}", f"{redis_server.url}?prefix=p{uuid.uuid4().hex}"]
@@ -214,16 +213,7 @@ def test_the_paged_commands_agree_on_every_store(tmp_path: Path, redis_server: R
             ["verify", uri],
             ["export", uri, str(tmp_path / f"out{n}.dump")],
         ):
-            done = subprocess.run(
-                [sys.executable, "-m", "sessionscope", *args, "--json"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=child_env(),
-                check=False,
-            )
-            assert done.returncode == 0, done.stderr
-            figures.append(json.loads(done.stdout))
+            figures.append(child_json("-m", "sessionscope", *args, "--json"))
         ls, stats, verify, export = figures
         documents.append(
             (

@@ -10,8 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from hashlib import blake2b
@@ -20,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _stores import child_env, run_cli
+from _stores import child_json, run_cli
 from sessionscope import LmdbStore, MemoryStore, SyncSessionService
 from sessionscope.admin.dump import (
     DUMP_FORMAT,
@@ -249,16 +247,7 @@ _MEASURE = textwrap.dedent(
 
 
 def _measure(dump: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(dump)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = child_json("-c", _MEASURE, str(dump), timeout=300)
     return result
 
 

@@ -8,9 +8,6 @@ in the control run without the warmer.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _stores import APP, USER, child_env, ev
+from _stores import APP, USER, child_json, ev
 from sessionscope import LmdbStore, SyncSessionService
 from sessionscope.stores import open_store
 from sessionscope.stores.lmdb import path_uri
@@ -65,16 +62,7 @@ store.close()
 
 
 def _grow(path: Path, mode: str) -> dict[str, int]:
-    child = subprocess.run(
-        [sys.executable, "-c", _GROW_AND_COUNT, str(path), mode],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr
-    result: dict[str, int] = json.loads(child.stdout)
+    result: dict[str, int] = child_json("-c", _GROW_AND_COUNT, str(path), mode)
     return result
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _stores import child_env, run_cli
+from _stores import child_json, run_cli
 from sessionscope.bench.replay import NativeTarget, replay
 from sessionscope.bench.trace import FORMAT, MAX_LINE_CHARS, VERSION, TraceError, load_trace
 
@@ -119,16 +118,7 @@ def test_a_small_gz_holding_a_huge_line_is_refused_in_bounded_memory(tmp_path: P
             file.write("a" * (1 << 20))
         file.write('"}\n')
     assert path.stat().st_size < 1 << 20
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = child_json("-c", _MEASURE, str(path), timeout=300)
     assert f"long.jsonl.gz:2: longer than {MAX_LINE_CHARS:,} characters" in result["outcome"]
     assert result["peak"] < 160 << 20, result
 
