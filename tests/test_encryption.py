@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import os
 import uuid
 from pathlib import Path
@@ -19,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 import _redis
-from _stores import ev, run
+from _stores import child_json, ev, run
 from sessionscope import Event, EventActions, SessionService, SyncSessionService
 from sessionscope.admin.dump import export_dump, import_dump
 from sessionscope.admin.ops import backup
@@ -302,6 +303,55 @@ def test_a_user_created_again_after_erasure_gets_a_new_key(place: Place) -> None
             store.load_session("shop", "ada", "s2", None, None)
     finally:
         store.close()
+
+
+_COME_BACK = """
+import json, sys
+from sessionscope import SyncSessionService
+from sessionscope.crypto import Encryption
+from sessionscope.stores import open_store
+uri, keys, kek = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+svc = SyncSessionService(open_store(uri, encryption=Encryption(keys=keys, key=kek)))
+erased = svc.delete_user(app_name="shop", user_id="ada")
+svc.create_session(app_name="shop", user_id="ada", session_id="back", state=json.loads(sys.argv[4]))
+svc.close()
+print(json.dumps(erased))
+"""
+
+
+@pytest.mark.parametrize("state", [{"plan": "back"}, {}], ids=["with-state", "empty"])
+def test_a_process_holding_an_erased_key_seals_a_returning_user_under_the_new_one(
+    place: Place, state: dict[str, Any]
+) -> None:
+    # This process keeps ada's key unwrapped; another one erases ada, and
+    # she comes back with a new session (so a new key). What this process
+    # then writes to that session must be sealed under the new key: under
+    # the erased one it would be lost to every other reader. A session
+    # with state shows the new key when read; an empty one does not.
+    store = place.open()
+    try:
+        fill(store)
+        svc = SyncSessionService(store)
+        assert readable(store, "ada")
+        erased = child_json("-c", _COME_BACK, place.uri(), place.keys, KEK.hex(), json.dumps(state))
+        assert erased == 1
+        session = svc.get_session(app_name="shop", user_id="ada", session_id="back")
+        assert session is not None and session.state.get("plan") == state.get("plan")
+        svc.append_event(session, ev(content={"text": "after"}, delta={"user:card": "new"}))
+    finally:
+        store.close()
+    # A process that never held the erased key reads all of it.
+    other = place.open()
+    try:
+        got = SyncSessionService(other).get_session(
+            app_name="shop", user_id="ada", session_id="back"
+        )
+        assert got is not None
+        assert got.state.get("plan") == state.get("plan") and got.state["user:card"] == "new"
+        assert [e.content["text"] for e in got.events] == ["after"]
+        assert readable(other, "bob")
+    finally:
+        other.close()
 
 
 def _raw_event(record: bytes) -> EventCopy:
@@ -800,6 +850,41 @@ def test_a_wrong_or_missing_key_is_refused_at_open_before_anything_is_written(
         assert isinstance(again, EncryptedStore) and readable(again, "bob")
     finally:
         again.close()
+
+
+def test_a_missing_or_wrong_key_leaves_a_new_store_uncreated(
+    place: Place, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = place.open()
+    fill(store)
+    store.close()
+    keys_before = place.key_bytes()
+    monkeypatch.delenv("SESSIONSCOPE_TEST_KEK", raising=False)
+    missing = [
+        Encryption(keys=place.keys, key_env="SESSIONSCOPE_TEST_KEK"),
+        Encryption(keys=place.keys, key_file=tmp_path / "none"),
+        Encryption(keys=place.keys, key=b"short"),
+        # A well-formed key, but not the one the key store's data keys are under.
+        Encryption(keys=place.keys, key=OTHER_KEK),
+    ]
+    for encryption in missing:
+        with pytest.raises(EncryptionKeyError):
+            open_store(place.uri("new"), encryption=encryption)
+    if place.server is None:
+        assert not (place.base / "new").exists()
+        # Nor beside it, where the key store of a store opened without keys= goes.
+        with pytest.raises(EncryptionKeyError):
+            open_store(place.uri("new"), key_env="SESSIONSCOPE_TEST_KEK")
+        assert sorted(p.name for p in place.base.iterdir()) == ["keys", "store"]
+    else:
+        import redis
+
+        client = redis.Redis.from_url(place.server.url)
+        try:
+            assert list(client.scan_iter(f"{place.tag}-new*")) == []
+        finally:
+            client.close()
+    assert place.key_bytes() == keys_before
 
 
 def _quote(text: str) -> str:

@@ -13,13 +13,21 @@ from __future__ import annotations
 from .kek import Kek, kek_from, new_key_text
 from .keyring import rotate_kek
 from .keystore import open_key_store
-from .store import MARKER_APP, EncryptedStore, Encryption, open_encrypted, raw_store
+from .store import (
+    MARKER_APP,
+    EncryptedStore,
+    Encryption,
+    checked_kek,
+    open_encrypted,
+    raw_store,
+)
 
 __all__ = [
     "MARKER_APP",
     "EncryptedStore",
     "Encryption",
     "Kek",
+    "checked_kek",
     "kek_from",
     "new_key_text",
     "open_encrypted",

@@ -102,6 +102,8 @@ class Keyring:
         self._lock = threading.Lock()
         # scope -> (current cipher, every cipher by key id, and by sealed header)
         self._cache: dict[bytes, tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher]]] = {}
+        # scope -> the record those ciphers were unwrapped from (``refresh`` compares it)
+        self._records: dict[bytes, bytes] = {}
 
     def __repr__(self) -> str:
         return f"Keyring(keys={self._keys.where!r}, kek_id={self._kek.key_id!r})"
@@ -130,6 +132,19 @@ class Keyring:
         if raw is None:
             raw = self._keys.add(scope, self._record(scope, None))
         return self._load(scope, raw)[0]
+
+    def refresh(self, scope: bytes) -> None:
+        """Forget a cached scope whose record changed: another process erased or rotated it.
+
+        Reads the key store only when the scope is cached; an unchanged
+        record keeps its ciphers (nothing is unwrapped again).
+        """
+        known = self._records.get(scope)
+        if known is None or self._keys.get(scope) == known:
+            return
+        with self._lock:
+            self._cache.pop(scope, None)
+            self._records.pop(scope, None)
 
     def cached(self, scope: bytes, key_id: int) -> Cipher | None:
         """Return the cipher of a data key if this keyring holds it unwrapped, else None."""
@@ -179,6 +194,7 @@ class Keyring:
         with self._lock:
             for known in [s for s in self._cache if s.startswith(scope)] if prefix else [scope]:
                 self._cache.pop(known, None)
+                self._records.pop(known, None)
         if prefix:
             self._keys.delete_prefix(scope)
         else:
@@ -232,7 +248,9 @@ class Keyring:
             # is unwrapped again on its next use.
             if len(self._cache) >= _CACHED_SCOPES:
                 self._cache.clear()
+                self._records.clear()
             self._cache[scope] = loaded
+            self._records[scope] = raw
         return loaded
 
 

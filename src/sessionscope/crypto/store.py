@@ -33,7 +33,12 @@ from typing import Any, Generic, TypeVar
 
 from ..codec import decode_event, decode_stored, events_equal, pack
 from ..core import compiled_or_twin
-from ..errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreError
+from ..errors import (
+    CorruptStoreError,
+    EncryptionKeyError,
+    IncompatibleStoreError,
+    StoreNotFoundError,
+)
 from ..stores.completion import Completion
 from ..stores.protocol import Store
 from ..stores.records import (
@@ -65,7 +70,15 @@ from .kek import Kek, kek_from
 from .keyring import Keyring, app_prefix, app_scope, read_meta, user_scope
 from .keystore import KeyBackend, open_key_store
 
-__all__ = ["MARKER_APP", "EncryptedStore", "Encryption", "marker_of", "open_encrypted", "raw_store"]
+__all__ = [
+    "MARKER_APP",
+    "EncryptedStore",
+    "Encryption",
+    "checked_kek",
+    "marker_of",
+    "open_encrypted",
+    "raw_store",
+]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -123,19 +136,61 @@ def marker_of(store: Store) -> dict[str, Any]:
     return store.read_app_state(MARKER_APP)
 
 
+def _key_store_at(encryption: Encryption, default_keys: str | None) -> str:
+    location = encryption.keys or default_keys
+    if location is None:
+        raise ValueError("an encrypted Redis store needs its key store: keys=URI")
+    return location
+
+
+def checked_kek(encryption: Encryption, default_keys: str | None) -> Kek:
+    """Return the KEK, checked against the key store if there is one: before the data is opened.
+
+    A missing or malformed key, or a key that is not the one an existing
+    key store's data keys are wrapped under, is refused before the data
+    store is opened, so that a new store's path is not created for nothing.
+    A key store that does not exist yet is not created here.
+    """
+    kek = encryption.kek()
+    try:
+        keys = open_key_store(_key_store_at(encryption, default_keys), create=False)
+    except StoreNotFoundError:
+        return kek
+    try:
+        meta = read_meta(keys)
+    finally:
+        keys.close()
+    if meta is not None:
+        _check_kek(kek, meta, keys)
+    return kek
+
+
+def _check_kek(kek: Kek, meta: dict[str, Any], keys: KeyBackend) -> None:
+    if kek.key_id not in (meta.get("kek"), meta.get("next")):
+        raise EncryptionKeyError(
+            f"the key-encryption key from {kek.source} (key id {kek.key_id}) is not the one "
+            f"of the key store {keys.where} (key id {meta.get('kek')})",
+            hint="give the key this store was written with",
+        )
+
+
 def open_encrypted(
-    inner: Store, encryption: Encryption, default_keys: str | None, create: bool = True
+    inner: Store,
+    encryption: Encryption,
+    default_keys: str | None,
+    create: bool = True,
+    kek: Kek | None = None,
 ) -> EncryptedStore:
     """Return ``inner`` encrypted; check the key and the marker before anything is written.
 
     A wrong or missing KEK, a key store other than the one the data names,
     and data written without encryption are refused (``inner`` is left as it
-    was, and is not closed: the caller closes it).
+    was, and is not closed: the caller closes it). ``kek``, if given, is
+    the key ``checked_kek`` returned (a key from a callable is asked once).
     """
-    kek = encryption.kek()
-    location = encryption.keys or default_keys
-    if location is None:
-        raise ValueError("an encrypted Redis store needs its key store: keys=URI")
+    if kek is None:
+        kek = encryption.kek()
+    location = _key_store_at(encryption, default_keys)
     marker = marker_of(inner)
     if not marker and inner.list_apps():
         raise IncompatibleStoreError(
@@ -159,12 +214,8 @@ def _keyring(inner: Store, marker: dict[str, Any], keys: KeyBackend, kek: Kek) -
             f"the key store {keys.where} does not hold this store's data keys",
             hint="give the key store (keys=) this store was written with",
         )
-    if meta is not None and kek.key_id not in (meta.get("kek"), meta.get("next")):
-        raise EncryptionKeyError(
-            f"the key-encryption key from {kek.source} (key id {kek.key_id}) is not the one "
-            f"of the key store {keys.where} (key id {meta.get('kek')})",
-            hint="give the key this store was written with",
-        )
+    if meta is not None:
+        _check_kek(kek, meta, keys)
     if meta is None:
         import secrets
 
@@ -232,10 +283,8 @@ class EncryptedStore:
         self._inner = inner
         self._keyring = keyring
         self._aio: _AsyncEncrypted | None = None
-        # The current cipher of each user and app met, without hashing ids
-        # into key-store keys on every call; emptied on erasure and rotation.
-        self._users: dict[tuple[str, str], Cipher] = {}
-        self._apps: dict[str, Cipher] = {}
+        # Each session's places and the key-store keys of its user's and its
+        # app's data keys, made once: an append does not hash ids again.
         self._session_places: dict[tuple[str, str, str], _Places] = {}
         # Values sealed or opened lately: an agent reads back what it just
         # wrote or read, and finding it here costs no AES-GCM call. State
@@ -284,31 +333,13 @@ class EncryptedStore:
     # -- sealing ---------------------------------------------------------
 
     def _user(self, app: str, user: str, fresh: bool = False) -> Cipher:
-        if not fresh:
-            known = self._users.get((app, user))
-            if known is not None:
-                return known
-        cipher = self._keyring.current(user_scope(app, user), fresh)
-        if len(self._users) >= 65536:
-            self._users.clear()
-        self._users[(app, user)] = cipher
-        return cipher
+        return self._keyring.current(user_scope(app, user), fresh)
 
     def _app(self, app: str, fresh: bool = False) -> Cipher:
-        if not fresh:
-            known = self._apps.get(app)
-            if known is not None:
-                return known
-        cipher = self._keyring.current(app_scope(app), fresh)
-        if len(self._apps) >= 4096:
-            self._apps.clear()
-        self._apps[app] = cipher
-        return cipher
+        return self._keyring.current(app_scope(app), fresh)
 
     def _forget(self) -> None:
         """Drop what was derived from the data keys: after an erasure nothing of it may serve."""
-        self._users.clear()
-        self._apps.clear()
         self._opened_values.clear()
         self._opened_events.clear()
 
@@ -332,7 +363,10 @@ class EncryptedStore:
         """Return the places of a session's app, user and session maps and events' head.
 
         Made once a session (the events' head is ``event_place``), with the
-        key-store keys of its user's and its app's data keys.
+        key-store keys of its user's and its app's data keys. A session met
+        for the first time has its user's and app's keys read again if they
+        are cached: another process may have erased them and made new ones
+        (a user who came back), and this one must not seal under the old.
         """
         key = (app, user, session)
         known = self._session_places.get(key)
@@ -345,6 +379,8 @@ class EncryptedStore:
                 user_scope(app, user),
                 app_scope(app),
             )
+            self._keyring.refresh(known[4])
+            self._keyring.refresh(known[5])
             if len(self._session_places) >= 65536:
                 self._session_places.clear()
             self._session_places[key] = known
@@ -352,8 +388,13 @@ class EncryptedStore:
 
     def _request(self, request: AppendRequest) -> AppendRequest:
         app, user, session = request.app_name, request.user_id, request.session_id
-        cipher = self._user(app, user)
-        at_app, at_user, at_session, at_events, _, _ = self._places(app, user, session)
+        at_app, at_user, at_session, at_events, scope, scope_of_app = self._places(
+            app, user, session
+        )
+        # The keyring's current key, not one kept here: a read that met a
+        # newer key (another process erased and remade this one) updates it.
+        keyring = self._keyring
+        cipher = keyring.current(scope)
         app_items, user_items, session_items = (
             request.app_items,
             request.user_items,
@@ -369,7 +410,9 @@ class EncryptedStore:
             event_id,
             stamp,
             cipher.seal_event(at_events, event_id, stamp, request.event, self._opened_events),
-            self._app(app).seal_items(app_items, at_app, opened) if app_items else app_items,
+            keyring.current(scope_of_app).seal_items(app_items, at_app, opened)
+            if app_items
+            else app_items,
             cipher.seal_items(user_items, at_user, opened) if user_items else user_items,
             cipher.seal_items(session_items, at_session, opened)
             if session_items
@@ -400,9 +443,10 @@ class EncryptedStore:
         keys, owners = batch.keys, batch.owners
         # Per session of the batch: its user's cipher, its app's, and the
         # places of its three maps, made once.
-        users = [self._user(app, user) for app, user, _ in keys]
-        apps = [self._app(app) for app, _, _ in keys]
         places = [self._places(app, user, session) for app, user, session in keys]
+        current = self._keyring.current
+        users = [current(at[4]) for at in places]
+        apps = [current(at[5]) for at in places]
         event_ids, timestamps = batch.event_ids, batch.timestamps
         events, app_items, user_items, session_items = _envelope.seal_many(
             users,

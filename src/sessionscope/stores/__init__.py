@@ -47,15 +47,17 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
         return _open_plain(spec, create, merged)
     if spec.kind != "memory":
         merged["encrypted_ok"] = True
+    crypto = _crypto()
+    default_keys = None
+    if spec.kind == "memory":
+        default_keys = "memory://"
+    elif spec.kind == "lmdb":
+        default_keys = f"lmdb://{Path(spec.path).absolute()}.keys"
+    # The key first: a missing or wrong one leaves a new store's path uncreated.
+    kek = crypto.checked_kek(encryption, default_keys)
     store = _open_plain(spec, create, merged)
     try:
-        open_encrypted = _crypto().open_encrypted
-        default_keys = None
-        if spec.kind == "memory":
-            default_keys = "memory://"
-        elif spec.kind == "lmdb":
-            default_keys = f"lmdb://{Path(spec.path).absolute()}.keys"
-        encrypted: Store = open_encrypted(store, encryption, default_keys, create)
+        encrypted: Store = crypto.open_encrypted(store, encryption, default_keys, create, kek)
         return encrypted
     except BaseException:
         store.close()
