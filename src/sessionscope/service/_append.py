@@ -37,12 +37,13 @@ from ..core import (
     partition_checked,
 )
 from ..errors import StateValueError
-from ..stores.records import AppendBatch, PreparedAppend
+from ..stores.records import ENCRYPTION_MARKER_APP, AppendBatch, PreparedAppend
 
 __all__ = [
     "MAX_ID_BYTES",
     "PreparedBatch",
     "abandon_many",
+    "check_app_name",
     "check_id",
     "check_session_id",
     "encode_event",
@@ -95,6 +96,18 @@ def check_id(value: object, name: str) -> str:
     if size > MAX_ID_BYTES:
         raise ValueError(f"{name} is {size} bytes of UTF-8; the limit is {MAX_ID_BYTES}")
     return value
+
+
+def check_app_name(value: object, name: str = "app_name") -> str:
+    """Return a valid app name, or raise a ValueError that names the argument.
+
+    An app name is an id, but not the one a store keeps its encryption marker
+    under: through the service that app could be deleted or forged.
+    """
+    app: str = check_id(value, name)
+    if app == ENCRYPTION_MARKER_APP:
+        raise ValueError(f"{name} {app!r} is reserved for the store's encryption marker")
+    return app
 
 
 def check_session_id(value: object) -> str:
@@ -337,7 +350,7 @@ def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatc
             known = positions.get(id(session))
             # The dict holds each session it saw, so no other object takes its id meanwhile.
             if known is None or known[0] is not session:
-                app: str = check_id(session.app_name, "session.app_name")
+                app: str = check_app_name(session.app_name, "session.app_name")
                 user: str = check_id(session.user_id, "session.user_id")
                 sid: str = check_session_id(session.id)
                 known = (session, len(prepared.keys))
@@ -433,7 +446,7 @@ def abandon_many(model: Any, prepared: PreparedBatch, start: int) -> None:
 @cython.cfunc
 def _session_parts(model: Any, session: Any) -> tuple[Any, ...]:
     """Return (session, app, user, session id, marker, last update time, last event id)."""
-    app: str = check_id(session.app_name, "session.app_name")
+    app: str = check_app_name(session.app_name, "session.app_name")
     user: str = check_id(session.user_id, "session.user_id")
     sid: str = check_session_id(session.id)
     events = session.events

@@ -46,6 +46,7 @@ else:
 
 # Every append runs these: they live with the compiled append steps.
 MAX_ID_BYTES = _hot.MAX_ID_BYTES
+check_app_name = _hot.check_app_name
 check_id = _hot.check_id
 check_session_id = _hot.check_session_id
 timestamp_of = _hot.timestamp_of
@@ -58,6 +59,7 @@ __all__ = [
     "NativeModel",
     "PreparedCreate",
     "ServiceCore",
+    "check_app_name",
     "check_id",
     "check_session_id",
     "event_from_record",
@@ -245,7 +247,7 @@ class ServiceCore(Generic[S, E]):
         session_id: object,
     ) -> PreparedCreate:
         """Check a create's arguments and pack its state, routed by scope."""
-        app = check_id(app_name, "app_name")
+        app = check_app_name(app_name)
         user = check_id(user_id, "user_id")
         if session_id is None or (isinstance(session_id, str) and not session_id.strip()):
             sid = new_session_id()
@@ -286,7 +288,7 @@ class ServiceCore(Generic[S, E]):
     @staticmethod
     def check_owner(app_name: object, user_id: object) -> tuple[str, str | None]:
         """Return a listing's checked (app, user or None)."""
-        app = check_id(app_name, "app_name")
+        app = check_app_name(app_name)
         return app, None if user_id is None else check_id(user_id, "user_id")
 
     def check_list(
@@ -307,7 +309,7 @@ class ServiceCore(Generic[S, E]):
     ) -> tuple[str, str, str]:
         """Return the checked (app_name, user_id, session_id) that name a session."""
         return (
-            check_id(app_name, "app_name"),
+            check_app_name(app_name),
             check_id(user_id, "user_id"),
             check_session_id(session_id),
         )
@@ -315,7 +317,7 @@ class ServiceCore(Generic[S, E]):
     @staticmethod
     def check_user(app_name: object, user_id: object) -> tuple[str, str]:
         """Return the checked (app_name, user_id) that name a user."""
-        return check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        return check_app_name(app_name), check_id(user_id, "user_id")
 
     # -- retention -------------------------------------------------------
 
@@ -351,7 +353,7 @@ class ServiceCore(Generic[S, E]):
     @staticmethod
     def check_expiry(app_name: object, idle_for: object) -> tuple[str | None, float]:
         """Return an expiry's checked (app or None, idle cutoff time)."""
-        app = None if app_name is None else check_id(app_name, "app_name")
+        app = None if app_name is None else check_app_name(app_name)
         if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)):
             raise ValueError(f"idle_for must be a number of seconds, not {idle_for!r}")
         seconds = finite_float(idle_for)

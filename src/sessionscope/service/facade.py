@@ -23,6 +23,7 @@ from .core import (
     Model,
     NativeModel,
     ServiceCore,
+    check_app_name,
     check_id,
     check_session_id,
     event_from_record,
@@ -47,6 +48,7 @@ __all__ = [
     "ServiceCore",
     "SessionService",
     "SyncSessionService",
+    "check_app_name",
     "check_id",
     "check_page",
     "check_session_id",
@@ -159,7 +161,7 @@ class AsyncSessions(Generic[S, E]):
 
     async def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
-        return await self.store.aio.read_app_state(check_id(app_name, "app_name"))
+        return await self.store.aio.read_app_state(check_app_name(app_name))
 
     async def truncate_events(
         self,
@@ -191,12 +193,12 @@ class AsyncSessions(Generic[S, E]):
 
     async def delete_user(self, *, app_name: str, user_id: str) -> int:
         """Delete every session of a user and the user's state; return the sessions removed."""
-        app, user = check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        app, user = self._core.check_user(app_name, user_id)
         return await self.store.aio.delete_user(app, user)
 
     async def delete_app(self, *, app_name: str) -> int:
         """Delete every session and all state of an app; return the sessions removed."""
-        return await self.store.aio.delete_app(check_id(app_name, "app_name"))
+        return await self.store.aio.delete_app(check_app_name(app_name))
 
     async def flush(self) -> None:
         """Return once every acknowledged append is durable."""
@@ -376,7 +378,7 @@ class SyncSessionService:
 
     def get_app_state(self, *, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix; {} when none."""
-        return self.store.read_app_state(check_id(app_name, "app_name"))
+        return self.store.read_app_state(check_app_name(app_name))
 
     def truncate_events(
         self,
@@ -405,12 +407,12 @@ class SyncSessionService:
 
     def delete_user(self, *, app_name: str, user_id: str) -> int:
         """Delete every session of a user and the user's state; return the sessions removed."""
-        app, user = check_id(app_name, "app_name"), check_id(user_id, "user_id")
+        app, user = self._core.check_user(app_name, user_id)
         return self.store.delete_user(app, user).result()
 
     def delete_app(self, *, app_name: str) -> int:
         """Delete every session and all state of an app; return the sessions removed."""
-        return self.store.delete_app(check_id(app_name, "app_name")).result()
+        return self.store.delete_app(check_app_name(app_name)).result()
 
     def flush(self) -> None:
         """Return once every acknowledged append is durable."""
