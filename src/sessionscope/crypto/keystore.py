@@ -220,6 +220,11 @@ class RedisKeys:
 
         self.where = redact(url)
         self._prefix = prefix.encode()
+        # The prefix is the user's: SCAN's MATCH must take its glob characters
+        # literally (Redis escapes them with a backslash).
+        self._pattern = b"".join(
+            b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in self._prefix
+        )
         self._redis = redis
         self._client = redis.Redis.from_url(url)
 
@@ -227,8 +232,27 @@ class RedisKeys:
         return f"RedisKeys({self.where!r})"
 
     def _name(self, key: bytes) -> bytes:
-        # Hex keeps SCAN's MATCH pattern free of glob characters.
+        # Hex keeps the key's part of SCAN's MATCH pattern free of glob characters.
         return self._prefix + key.hex().encode()
+
+    def _names(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Return (name, key) of every record whose key starts with ``prefix``, sorted."""
+        start = self._name(prefix)
+        pattern = self._pattern + prefix.hex().encode() + b"*"
+        scanned = self._call("list keys", lambda: list(self._client.scan_iter(pattern)))
+        # Checked against the real bytes too: a pattern never reaches another
+        # key store's keys ("a*:" those of "ab:"), nor a name this one did not write.
+        found = []
+        for name in sorted(set(scanned)):
+            if not name.startswith(start):
+                continue
+            try:
+                key = bytes.fromhex(name[len(self._prefix) :].decode("ascii"))
+            except ValueError:
+                continue
+            if self._name(key) == name:  # else not a name this key store writes
+                found.append((bytes(name), key))
+        return found
 
     def _call(self, what: str, function: Any, *args: Any) -> Any:
         try:
@@ -273,19 +297,17 @@ class RedisKeys:
         self._call("delete a key", self._client.delete, self._name(key))
 
     def delete_prefix(self, prefix: bytes) -> int:
-        names = [self._name(k) for k, _ in self.items(prefix)]
+        names = [name for name, _ in self._names(prefix)]
         if not names:
             return 0
         return int(self._call("delete keys", self._client.delete, *names))
 
     def items(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        pattern = self._name(prefix) + b"*"
-        names = sorted(self._call("list keys", lambda: list(self._client.scan_iter(pattern))))
         found = []
-        for name in names:
-            value = self.get(bytes.fromhex(name[len(self._prefix) :].decode()))
+        for _, key in self._names(prefix):
+            value = self.get(key)
             if value is not None:
-                found.append((bytes.fromhex(name[len(self._prefix) :].decode()), value))
+                found.append((key, value))
         return found
 
     def close(self) -> None:
