@@ -10,7 +10,8 @@ opened.
 
 The key store's ``meta`` record names it (a random id the data store's
 marker repeats) and the KEK its keys are under (``kek``), plus the one a
-rotation is moving them to (``next``).
+rotation is moving them to (``next``) and, once a rotation is done, the one
+it moved them from (``previous``).
 """
 
 from __future__ import annotations
@@ -260,29 +261,27 @@ def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
     The data is not touched. Crash-safe and resumable: the meta record names
     the rotation's target first, each record is re-wrapped on its own by
     compare-and-swap and names its KEK, and the meta record names ``new`` as
-    the store's KEK last. Running it again (after a crash, or to catch a
-    record a process still holding ``old`` wrote meanwhile) re-wraps what is
-    left under ``old`` and nothing else.
+    the store's KEK, and ``old`` as the one it was rotated from, last.
+    Running it again (after a crash, or to catch a record a process still
+    holding ``old`` wrote meanwhile) re-wraps what is left under ``old`` and
+    nothing else. A wrong ``old`` is refused before anything is written.
     """
     meta = read_meta(keys)
     if meta is None:
         raise EncryptionKeyError(f"the key store {keys.where} holds no keys", hint="check keys=")
     if old.key_id == new.key_id:
         raise ValueError("the new key-encryption key is the old one")
-    # Once done (kek is new), running again re-wraps what a process still
-    # holding the old key wrote meanwhile.
-    allowed = {meta.get("kek"), meta.get("next")}
-    if old.key_id not in allowed and meta.get("kek") != new.key_id:
-        raise EncryptionKeyError(
-            f"the old key-encryption key ({old.source}, key id {old.key_id}) is not the one "
-            f"of {keys.where} (key id {meta.get('kek')})",
-            hint="give the key the store's data keys are wrapped under as the old key",
-        )
-    if meta.get("next") not in (None, new.key_id) and meta.get("kek") != new.key_id:
-        raise EncryptionKeyError(
-            f"a rotation of {keys.where} to key id {meta.get('next')} is unfinished",
-            hint="finish it first: run rotate-key again with that new key",
-        )
+    if meta.get("kek") == new.key_id:
+        _check_done(keys, meta, old, new)
+    else:
+        if old.key_id not in (meta.get("kek"), meta.get("next")):
+            raise EncryptionKeyError(
+                f"the old key-encryption key ({old.source}, key id {old.key_id}) is not the "
+                f"one of {keys.where} (key id {meta.get('kek')})",
+                hint="give the key the store's data keys are wrapped under as the old key",
+            )
+        if meta.get("next") not in (None, new.key_id):
+            raise _unfinished(keys, meta)
     store_id = meta["id"]
     if meta.get("kek") != new.key_id:
         _set_meta(keys, {**meta, "kek": old.key_id, "next": new.key_id})
@@ -307,10 +306,48 @@ def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
                 break
             raw = again
     final = read_meta(keys) or meta
-    _set_meta(
-        keys, {key: value for key, value in final.items() if key != "next"} | {"kek": new.key_id}
-    )
+    done = {"kek": new.key_id, "previous": old.key_id}
+    _set_meta(keys, {key: value for key, value in final.items() if key != "next"} | done)
     return rewrapped
+
+
+def _check_done(keys: KeyBackend, meta: dict[str, Any], old: Kek, new: Kek) -> None:
+    """Refuse to run a rotation to ``new`` again, once done, with an ``old`` it was not from.
+
+    Running it again only re-wraps what a process still holding the old key
+    wrote meanwhile, so any other key would re-wrap nothing and report
+    success. A key store rotated before ``previous`` was recorded names no
+    old key: one is taken when some record is still wrapped under it.
+    """
+    if meta.get("next") not in (None, new.key_id):
+        raise _unfinished(keys, meta)
+    previous = meta.get("previous")
+    if previous == old.key_id:
+        return
+    if previous is None and any(
+        _parse(keys, raw)[0] == old.key_id for _, raw in keys.items(SCOPES)
+    ):
+        return
+    given = f"the old key-encryption key ({old.source}, key id {old.key_id})"
+    if previous is None:
+        wrong = f"wraps no data key of {keys.where}, which is under key id {new.key_id} already"
+    else:
+        wrong = (
+            f"is not the one {keys.where} was rotated from (key id {previous}) "
+            f"to key id {new.key_id}"
+        )
+    raise EncryptionKeyError(
+        f"{given} {wrong}",
+        hint="the rotation is done; to catch records written under the old key meanwhile, "
+        "give the key the store was rotated from as the old key",
+    )
+
+
+def _unfinished(keys: KeyBackend, meta: dict[str, Any]) -> EncryptionKeyError:
+    return EncryptionKeyError(
+        f"a rotation of {keys.where} to key id {meta.get('next')} is unfinished",
+        hint="finish it first: run rotate-key again with that new key",
+    )
 
 
 def _set_meta(keys: KeyBackend, meta: dict[str, Any]) -> None:
