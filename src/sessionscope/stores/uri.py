@@ -32,21 +32,87 @@ __all__ = [
 # The userinfo of a URI in a text: what stands between "scheme://" and the
 # last "@" before the host ends (a password may hold an unescaped "@").
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s?#]*)@")
+# A percent escape, either case: a URI nested in another's query
+# (``keys=redis%3A%2F%2F...``) is read through them, as many levels deep as
+# this (``%253A`` is an escape escaped once more).
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_NESTING = 3
 
 
 def redact(text: str) -> str:
     """Return ``text`` with the password of every URI in it replaced by ``***``.
 
     ``redis://user:secret@host`` becomes ``redis://user:***@host``; userinfo
-    without a colon may be a password alone and is replaced whole. Every
-    message, ``repr`` and log line that may carry a store's URI goes through here.
+    without a colon may be a password alone and is replaced whole. A URI
+    percent-encoded inside another (``keys=redis%3A%2F%2Fuser%3Asecret%40host``,
+    encoded once or more) loses its password the same way, left encoded
+    around it: ``redis%3A%2F%2Fuser%3A***%40host``. Nothing else of ``text``
+    changes. Every message, ``repr`` and log line that may carry a store's
+    URI goes through here.
     """
+    # Each character of the text as read at a level, decoded that many times,
+    # stands for the span of ``text`` it was decoded from (None: itself).
+    read, origins = text, None
+    hidden = _passwords(read, origins)
+    for _ in range(_NESTING):
+        if _ESCAPE.search(read) is None:
+            break
+        read, origins = _unquote(read, origins)
+        hidden |= _passwords(read, origins)
+    pieces: list[str] = []
+    end = 0
+    for start, stop in sorted(hidden):
+        if pieces and (start < end or start == stop == end):  # within one hidden already
+            end = max(end, stop)
+            continue
+        pieces += [text[end:start], "***"]
+        end = stop
+    pieces.append(text[end:])
+    return "".join(pieces)
 
-    def hide(match: re.Match[str]) -> str:
-        user, colon, _ = match["userinfo"].partition(":")
-        return f"{match['scheme']}{user}:***@" if colon else f"{match['scheme']}***@"
 
-    return _USERINFO.sub(hide, text)
+# Where each character of a decoded text came from: a span of the original.
+_Origins = list[tuple[int, int]] | None
+
+
+def _passwords(read: str, origins: _Origins) -> set[tuple[int, int]]:
+    """Return the spans of the original text that the passwords of the URIs in ``read`` take."""
+    spans = set()
+    for match in _USERINFO.finditer(read):
+        start, stop = match.span("userinfo")
+        colon = match["userinfo"].find(":")
+        if colon >= 0:
+            start += colon + 1
+        if origins is not None:
+            # An empty password is hidden all the same: "***" goes before its "@".
+            end = origins[stop - 1][1] if stop > start else origins[start][0]
+            start, stop = origins[start][0], end
+        spans.add((start, stop))
+    return spans
+
+
+def _unquote(read: str, origins: _Origins) -> tuple[str, list[tuple[int, int]]]:
+    """Decode the percent escapes of ``read`` once, with the origin of each character.
+
+    A byte outside ASCII reads as U+FFFD: only the delimiters of a URI matter
+    here, and a byte of UTF-8 taken for a character might read as a space.
+    """
+    if origins is None:
+        origins = [(at, at + 1) for at in range(len(read))]
+    chars: list[str] = []
+    decoded: list[tuple[int, int]] = []
+    at = 0
+    for escape in _ESCAPE.finditer(read):
+        start = escape.start()
+        chars.append(read[at:start])
+        decoded += origins[at:start]
+        value = int(escape[1], 16)
+        chars.append(chr(value) if value < 0x80 else "\ufffd")
+        decoded.append((origins[start][0], origins[start + 2][1]))
+        at = escape.end()
+    chars.append(read[at:])
+    decoded += origins[at:]
+    return "".join(chars), decoded
 
 
 def flag(text: str) -> bool:
