@@ -259,3 +259,16 @@ def test_adk_drop_in_refuses_the_marker_app(adk_service: tuple[Any, Place]) -> N
     assert snapshot(reader) == before
     service.store.close()
     assert_reopens_as_before(place, before, marker)
+
+
+def test_openai_agents_session_refuses_the_marker_app(place: Place) -> None:
+    pytest.importorskip("agents")
+    from sessionscope.openai_agents import AgentsSession
+
+    with SyncSessionService(place.uri) as reader:
+        before, marker = snapshot(reader), marker_of(reader.store)
+        with pytest.raises(ValueError, match=APP_ERROR) as caught:
+            AgentsSession("s", reader.store, app_name=MARKER_APP)
+        assert not isinstance(caught.value, SessionscopeError)
+        assert snapshot(reader) == before
+    assert_reopens_as_before(place, before, marker)

@@ -35,7 +35,7 @@ from .codec import EVENT_FORMAT, decode_event, encode_event, unpack
 from .core import IMPLEMENTATION, last_values
 from .errors import AlreadyExistsError, CorruptStoreError, SessionNotFoundError
 from .model import new_event_id
-from .service.core import check_id
+from .service.core import check_app_name, check_id
 from .stores import open_store
 from .stores.memory import MemoryStore
 from .stores.protocol import Store
@@ -79,7 +79,7 @@ class AgentsSession:
         if not isinstance(session_id, str):
             raise ValueError(f"session_id must be a str, not {type(session_id).__name__}")
         self.session_id = check_id(session_id.strip(), "session_id")
-        self.app_name = check_id(app_name, "app_name")
+        self.app_name = check_app_name(app_name)
         self.user_id = check_id(user_id, "user_id")
         self.session_settings: SessionSettings | None = (
             coerce_session_settings(session_settings)
