@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -416,3 +417,45 @@ def test_an_unsafe_directory_hint_names_the_uri_option(store: Path) -> None:
     assert "?trust_directory=yes" in done.stderr
     assert "?file_mode=660" in done.stderr
     assert run("ls", uri(store) + "?file_mode=660").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["mix.jsonl", "mix.jsonl.gz"])
+def test_generate_ended_by_sigterm_leaves_no_partial(tmp_path: Path, name: str) -> None:
+    # A run stopped by SIGTERM (a supervisor, a timeout) ends as on Ctrl-C:
+    # its .partial removed, so the next run is not refused over it.
+    out = tmp_path / name
+    partial = tmp_path / f"{name}.partial"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sessionscope", "generate", str(out), "--sessions", "100000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        for _ in range(600):  # up to a minute for the file to appear
+            if partial.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert partial.exists(), "the run wrote nothing to stop"
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    done = run("generate", str(out), "--sessions", "3")
+    assert done.returncode == 0, done.stderr
+    assert out.exists() and not partial.exists()
+
+
+def test_a_gzip_trace_is_the_same_bytes_at_another_time_and_name(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"
+    assert run("generate", str(first), "--sessions", "5", "--seed", "3").returncode == 0
+    # Another second, another name: neither may reach the gzip header.
+    time.sleep(1.1)
+    assert run("generate", str(second), "--sessions", "5", "--seed", "3").returncode == 0
+    assert first.read_bytes() == second.read_bytes()

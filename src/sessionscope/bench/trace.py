@@ -187,7 +187,9 @@ def write_trace(
     count = 0
     # A new file, owner-only, whole or not at all (see outfile.output_file).
     with output_file(path, protect) as raw:
-        packed = gzip.GzipFile(fileobj=raw, mode="wb") if str(path).endswith(".gz") else raw
+        # No name and no time in the gzip header: the same records give the same bytes.
+        gz = str(path).endswith(".gz")
+        packed = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if gz else raw
         file = io.TextIOWrapper(packed, encoding="utf-8", newline="\n")
         file.write(_dumps(head))
         file.write("\n")

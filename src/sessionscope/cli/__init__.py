@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -458,10 +460,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     stop_logging = _log_to_stderr(args.verbose)
+    restore = _terminate_by_exit()
     try:
         return _run(args)
     finally:
+        restore()
         stop_logging()
+
+
+def _end_on_sigterm(signum: int, frame: Any) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def _terminate_by_exit() -> Callable[[], None]:
+    """Make SIGTERM end the command as an exception does; return what undoes it.
+
+    A command killed by the signal's default action would leave the
+    ``.partial`` of the file it was writing; as an exception (exit 143) the
+    file is removed as on Ctrl-C, and open stores are closed. Only where
+    SIGTERM has its default action, from the main thread: an application
+    that runs ``main`` keeps its own handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(args: argparse.Namespace) -> int:
