@@ -526,3 +526,15 @@ def test_a_read_from_a_stopped_server_waits_one_timeout(tmp_path: Path) -> None:
     finally:
         store.close()
         server.stop()
+
+
+def test_no_password_in_what_replay_prints_or_writes(locked: RedisServer, tmp_path: Path) -> None:
+    # The report names its target: the store's URI, without its password, on
+    # the terminal and in the --json file.
+    uri = f"redis://alice:{USER_SECRET}@127.0.0.1:{locked.port}/0?prefix=replayed"
+    report = tmp_path / "replay.json"
+    done = run_cli("replay", "--no-progress", "--store", uri, "--json", str(report), "sample")
+    assert done.returncode == 0, done.stderr
+    written = report.read_text()
+    assert "redis://alice:***@127.0.0.1" in done.stdout and "alice:***@" in written
+    _no_secret(done.stdout, done.stderr, written)

@@ -226,7 +226,7 @@ class NativeTarget(Target):
     native = True
 
     def __init__(self, uri: str, service: SyncSessionService | None = None) -> None:
-        self.name = uri
+        self.name = redact(uri)  # shown and written in reports: never a password
         self.service = service or SyncSessionService(open_store(uri))
         self.live: dict[Key, Session] = {}
         # A store that answers reads inside a batch's round trips (Redis).
@@ -341,7 +341,7 @@ class AdkTarget(Target):
         from google.adk.events import Event as AdkEvent
         from google.adk.sessions.base_session_service import GetSessionConfig as AdkConfig
 
-        self.name = name
+        self.name = redact(name)  # adk-database://URL may carry a password
         self.service = service
         self.live: dict[Key, Any] = {}
         self._event_class = AdkEvent
