@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -24,6 +25,7 @@ from _stores import APP, USER, ev, run_cli
 from sessionscope import SessionService, SyncSessionService
 from sessionscope.errors import (
     CorruptStoreError,
+    IncompatibleStoreError,
     StoreError,
     StoreNotFoundError,
     UnsafeStoreError,
@@ -538,3 +540,65 @@ def test_no_password_in_what_replay_prints_or_writes(locked: RedisServer, tmp_pa
     written = report.read_text()
     assert "redis://alice:***@127.0.0.1" in done.stdout and "alice:***@" in written
     _no_secret(done.stdout, done.stderr, written)
+
+
+def _keys_under(client: Any, kind: str, prefix: str) -> dict[bytes, bytes]:
+    """Return every key starting with ``prefix`` and its DUMP (type and value), any node."""
+    nodes = client.get_primaries() if kind == "cluster" else [None]
+    found = {}
+    for node in nodes:
+        options = {} if node is None else {"target_nodes": node}
+        for key in client.scan_iter(match=b"*", count=1000, **options):
+            if key.startswith(prefix.encode()):
+                found[key] = client.dump(key)
+    return found
+
+
+def test_a_prefix_holding_other_keys_is_refused_before_anything_is_written(
+    shared_server: tuple[str, Any],
+) -> None:
+    # Keys under the prefix, but no store's format record: someone else's.
+    # One of them has a name the store uses, as another type.
+    kind, server = shared_server
+    prefix = f"foreign{uuid.uuid4().hex}"
+    client = _raw_client(kind, server)
+    try:
+        client.set(f"{prefix}:apps", "not a set")
+        client.set(f"{prefix}:theirs", "kept")
+        before = _keys_under(client, kind, prefix)
+        uri = f"{server.url}?prefix={prefix}"
+        with pytest.raises(IncompatibleStoreError, match="not a sessionscope store"):
+            SyncSessionService(uri)
+        with pytest.raises(IncompatibleStoreError):
+            open_store(uri)
+        assert _keys_under(client, kind, prefix) == before
+        # A prefix of that one's is another prefix: it opens, and writes its own keys only.
+        with SyncSessionService(f"{server.url}?prefix={prefix}x") as svc:
+            svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        assert _keys_under(client, kind, f"{prefix}:") == before
+    finally:
+        for key in _keys_under(client, kind, prefix):
+            client.delete(key)
+        client.close()
+
+
+def test_destroy_deletes_its_own_prefix_only_whatever_glob_it_spells(
+    shared_server: tuple[str, Any],
+) -> None:
+    kind, server = shared_server
+    tag = uuid.uuid4().hex
+    client = _raw_client(kind, server)
+    try:
+        # "t*" as a pattern would take "tb"'s keys too.
+        for prefix in (f"{tag}t*", f"{tag}tb", f"{tag}t?", f"{tag}t[b]"):
+            with SyncSessionService(f"{server.url}?prefix={quote(prefix, safe='')}") as svc:
+                svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        others = {p: _keys_under(client, kind, f"{tag}{p}:") for p in ("tb", "t?", "t[b]")}
+        assert all(others.values())
+        assert open_store(f"{server.url}?prefix={quote(tag + 't*', safe='')}").destroy() > 0
+        assert _keys_under(client, kind, f"{tag}t*:") == {}
+        assert {p: _keys_under(client, kind, f"{tag}{p}:") for p in others} == others
+    finally:
+        for key in _keys_under(client, kind, tag):
+            client.delete(key)
+        client.close()

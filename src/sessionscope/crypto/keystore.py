@@ -218,13 +218,12 @@ class RedisKeys:
     def __init__(self, url: str, prefix: str) -> None:
         import redis
 
+        from ..stores.redis.client import glob_literal
+
         self.where = redact(url)
         self._prefix = prefix.encode()
-        # The prefix is the user's: SCAN's MATCH must take its glob characters
-        # literally (Redis escapes them with a backslash).
-        self._pattern = b"".join(
-            b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in self._prefix
-        )
+        # The prefix is the user's: SCAN's MATCH takes its glob characters literally.
+        self._pattern = glob_literal(self._prefix)
         self._redis = redis
         self._client = redis.Redis.from_url(url)
 

@@ -1,7 +1,8 @@
 """redis-py clients of a Redis store: made from its settings, packing commands with hiredis.
 
 Also the eviction-policy check a store makes when it opens (see
-``RedisStore``) and ``delete_keys``, which empties a prefix.
+``RedisStore``), ``any_key``, which tells whether a prefix holds a key, and
+``delete_keys``, which empties a prefix.
 """
 
 from __future__ import annotations
@@ -166,23 +167,43 @@ def check_policy(client: Any, cluster: bool, where: str, allow_eviction: bool) -
     _log.warning("%s; opened all the same (allow_eviction)", message)
 
 
-def delete_keys(client: Any, cluster: bool, pattern: bytes, where: str) -> int:
-    """Delete every key matching ``pattern`` (on every primary of a cluster); return how many."""
+def glob_literal(text: bytes) -> bytes:
+    """Return ``text`` as a SCAN MATCH pattern that matches it and nothing else.
+
+    A prefix is the user's: its glob characters (``*?[]\\``) are escaped with
+    a backslash, as Redis reads patterns, so ``a*`` never matches ``ab``.
+    """
+    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in text)
+
+
+def _scan(client: Any, cluster: bool, prefix: bytes) -> Any:
+    """Yield every key starting with ``prefix`` (on every primary of a cluster)."""
+    pattern = glob_literal(prefix) + b"*"
+    for node in client.get_primaries() if cluster else [None]:
+        options = {} if node is None else {"target_nodes": node}
+        for key in client.scan_iter(match=pattern, count=1000, **options):
+            if key.startswith(prefix):
+                yield key
+
+
+def any_key(client: Any, cluster: bool, prefix: bytes, where: str) -> bytes | None:
+    """Return a key starting with ``prefix``, None when there is none."""
+    try:
+        return next(_scan(client, cluster, prefix), None)
+    except _REDIS_ERRORS as error:
+        raise _failure(error, where) from error
+
+
+def delete_keys(client: Any, cluster: bool, prefix: bytes, where: str) -> int:
+    """Delete every key starting with ``prefix`` (on every primary of a cluster); say how many."""
     deleted = 0
     try:
-        nodes = client.get_primaries() if cluster else [None]
-        for node in nodes:
-            scan = (
-                client.scan_iter(match=pattern, count=1000, target_nodes=node)
-                if node is not None
-                else client.scan_iter(match=pattern, count=1000)
-            )
-            keys = list(scan)
-            for start in range(0, len(keys), 500):
-                pipe = client.pipeline(transaction=False)
-                for key in keys[start : start + 500]:
-                    pipe.delete(key)
-                deleted += sum(pipe.execute())
+        keys = list(_scan(client, cluster, prefix))
+        for start in range(0, len(keys), 500):
+            pipe = client.pipeline(transaction=False)
+            for key in keys[start : start + 500]:
+                pipe.delete(key)
+            deleted += sum(pipe.execute())
     except _REDIS_ERRORS as error:
         raise _failure(error, where) from error
     return deleted

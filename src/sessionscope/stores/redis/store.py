@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ...errors import StoreClosedError
+from ...errors import IncompatibleStoreError, StoreClosedError
 from .. import redact
 from ..completion import Completion
 from ..expiry import Expirer
@@ -67,7 +67,7 @@ from ..records import (
 )
 from ..rules import check_ttl, page_records, refuse_encrypted
 from .append import AppendPlans, BatchRead, batch_plan
-from .client import check_policy, delete_keys, new_client
+from .client import any_key, check_policy, delete_keys, new_client
 from .cluster import topology
 from .common import FORMAT_VERSION, LIBRARY, Plan, _Settings
 from .keys import _Keys
@@ -388,6 +388,8 @@ class RedisStore:
         self.aio = _AsyncRedisStore(self)
         try:
             check_policy(self._client, self.cluster, self.where, allow_eviction)
+            if create:
+                self._refuse_foreign_keys()
             self._sync.run(self._ops.check_format(create))
             if not encrypted_ok:
                 refuse_encrypted(self.read_app_state(ENCRYPTION_MARKER_APP), self.where)
@@ -525,6 +527,34 @@ class RedisStore:
             return result_of_batch(batch, [], error), []
         return tally.result(), loaded
 
+    def _refuse_foreign_keys(self) -> None:
+        """Refuse a prefix that holds keys but no store, before anything is written.
+
+        A new store writes its format record first, so keys under a prefix
+        without one are someone else's: writing among them would mix the two,
+        and a key of another type under one of the store's names would fail a
+        write halfway. One SCAN of the database, only when the store is new.
+        """
+        keys = self._ops.keys
+        try:
+            if self._client.get(keys.format) is not None:
+                return
+        except _REDIS_ERRORS as error:
+            raise _failure(error, self.where) from error
+        if any_key(self._client, self.cluster, keys.base, self.where) is None:
+            return
+        try:
+            # Another process may have made the store meanwhile: its keys are ours.
+            if self._client.get(keys.format) is not None:
+                return
+        except _REDIS_ERRORS as error:
+            raise _failure(error, self.where) from error
+        raise IncompatibleStoreError(
+            f"the prefix {self._settings.prefix!r} at {self.where} holds keys that are not "
+            "a sessionscope store",
+            hint="pick another prefix= for this store; nothing was written",
+        )
+
     def destroy(self) -> int:
         """Delete every key under this store's prefix (on every node), close it; return how many.
 
@@ -534,7 +564,7 @@ class RedisStore:
         """
         self._check_open()
         try:
-            return delete_keys(self._client, self.cluster, self._ops.keys.base + b"*", self.where)
+            return delete_keys(self._client, self.cluster, self._ops.keys.base, self.where)
         finally:
             self.close()
 
