@@ -84,11 +84,13 @@ def test_a_growing_deferred_store_writes_its_new_pages_without_major_faults(
     assert warmed["pages"] > 1000, warmed
     # Read ahead, but never past the map.
     assert warmed["warmed"] <= warmed["map_size"]
-    # A fault or two may come from elsewhere in the process (a page of code);
-    # unwarmed, a first write to each page faults where the file system
-    # makes it a major fault (ext4 does, tmpfs does not).
-    assert warmed["faults"] <= warmed["pages"] // 50, (warmed, control)
-    assert warmed["faults"] <= control["faults"], (warmed, control)
+    # Unwarmed, a first write to each page faults where the file system makes
+    # it a major fault (ext4 does, tmpfs does not). Warmed, next to none do
+    # on a quiet machine (0 of 2,607 pages here); a machine busy with other
+    # work may drop or delay some of what was read ahead, so the bound is a
+    # fifth of the control's faults: were LMDB to place new pages elsewhere
+    # than after the last used one, the warmed run would fault as the control.
+    assert warmed["faults"] * 5 <= control["faults"], (warmed, control)
 
 
 def test_a_store_opened_only_to_be_read_is_never_warmed(tmp_path: Path) -> None:
