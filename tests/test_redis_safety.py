@@ -602,3 +602,36 @@ def test_destroy_deletes_its_own_prefix_only_whatever_glob_it_spells(
         for key in _keys_under(client, kind, tag):
             client.delete(key)
         client.close()
+
+
+@pytest.mark.parametrize(
+    "login",
+    [
+        f":my {SECRET}@",  # a space
+        f"alice:{SECRET}/x@",  # a slash: the rest would be read as the path
+        f":{SECRET}?x@",  # a question mark: ... as the query
+        f":{SECRET}#x@",  # a hash: ... as the fragment
+    ],
+)
+def test_a_password_not_percent_encoded_is_refused_without_showing_it(
+    login: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    for scheme in ("redis", "rediss", "redis+cluster"):
+        uri = f"{scheme}://{login}127.0.0.1:{port}/0"
+        with pytest.raises(ValueError, match="must be percent-encoded") as caught:
+            open_store(uri)
+        _no_secret(str(caught.value))
+        with pytest.raises(ValueError, match="must be percent-encoded"):
+            RedisStore(uri) if scheme == "redis" else SyncSessionService(uri)
+        done = run_cli("ls", "--json", uri)
+        assert done.returncode == 2 and "percent-encoded" in done.stderr, done.stderr
+        _no_secret(done.stdout, done.stderr)
+    # The key store of an encrypted store names its server the same way.
+    from sessionscope.crypto import Encryption
+
+    keys = f"redis://{login}127.0.0.1:{port}/0"
+    with pytest.raises(ValueError, match="must be percent-encoded") as caught:
+        open_store(f"lmdb://{tmp_path / 'store'}", encryption=Encryption(keys=keys, key=bytes(32)))
+    _no_secret(str(caught.value))
+    assert not (tmp_path / "store").exists()

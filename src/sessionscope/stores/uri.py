@@ -21,6 +21,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "SCHEMES",
     "StoreSpec",
+    "check_userinfo",
     "lmdb_path",
     "parse_store_uri",
     "query_pairs",
@@ -243,6 +244,7 @@ def parse_store_uri(uri: str) -> StoreSpec:
         if not path:
             raise ValueError(f"{redact(uri)!r} names no path")
         return StoreSpec(uri, scheme, kind, _options(scheme, parts.query, known), path=path)
+    check_userinfo(uri)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     tls = [(name, text) for name, text in pairs if name.startswith("ssl_")]
     if tls and scheme != "rediss":
@@ -270,6 +272,29 @@ def parse_store_uri(uri: str) -> StoreSpec:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
     )
+
+
+def check_userinfo(uri: str) -> None:
+    """Refuse a server URI whose user name or password is not percent-encoded.
+
+    A space, ``/``, ``?`` or ``#`` written as it is in a password ends the
+    host part where a URI reader ends it: the rest of the password would be
+    read as the host, the path or the query, and the messages that name
+    those would show it (and ``redact`` could not tell it from a host). So
+    the host part may hold no space, and an ``@`` may not come after it,
+    which is where such a password leaves its ``@``. The message never
+    repeats the URI.
+    """
+    scheme, _, rest = uri.partition("://")
+    ends = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
+    host_part = rest[: min(ends)] if ends else rest
+    after = rest[len(host_part) :]
+    if any(c.isspace() for c in host_part) or ("@" in after and "@" not in host_part):
+        raise ValueError(
+            f"a {scheme}:// URI's user name and password must be percent-encoded: a space, "
+            "/, ?, # or @ in them written as %20, %2F, %3F, %23 or %40 (and an @ after the "
+            "host, in an option's value, as %40)"
+        )
 
 
 def _options(scheme: str, query: str, known: dict[str, Reader]) -> dict[str, Any]:

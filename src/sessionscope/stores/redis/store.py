@@ -66,6 +66,7 @@ from ..records import (
     result_of_batch,
 )
 from ..rules import check_ttl, page_records, refuse_encrypted
+from ..uri import check_userinfo
 from .append import AppendPlans, BatchRead, batch_plan
 from .client import any_key, check_policy, delete_keys, new_client
 from .cluster import topology
@@ -362,6 +363,8 @@ class RedisStore:
             raise ValueError(f"wait must be a number of replicas (>= 0), not {wait!r}")
         if cluster is not None and wait:
             raise ValueError("wait= needs one server: a cluster write goes to several")
+        if url is not None:
+            check_userinfo(url)
         if url is not None and (username is not None or password is not None):
             raise ValueError("give a server's credentials in its URL: redis://user:password@host")
         if not timeout > 0:
