@@ -486,7 +486,11 @@ def _terminate_by_exit() -> Callable[[], None]:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
     signal.signal(signal.SIGTERM, _end_on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
 
 
 def _run(args: argparse.Namespace) -> int:
