@@ -172,10 +172,29 @@ def test_bench_quick_tiny(tmp_path: Path) -> None:
         "native durable append (async), over the mix",
         "replay --batch 1000 of the mix",
     } <= names
-    # Without peers, the sweep holds our systems and the raw transaction at every length.
+    # Without peers, the sweep holds our systems and the raw transactions at every length:
+    # deferred and durable appends, and the bulk path beside its raw peer.
     sweep = results["mix_sweep_us"]
-    assert set(sweep["raw py-lmdb txn, no fsync"]) == {"10", "40", "200", "1000"}
+    for name in (
+        "raw py-lmdb txn, no fsync",
+        "native durable append (sync)",
+        "native durable append (async)",
+        "raw py-lmdb txn, fsync",
+        "native append_many, batches of 1,000 (us/event)",
+        "native replay --batch 1000 (us/event)",
+        "raw py-lmdb txn per batch of 1,000 (us/event)",
+    ):
+        assert set(sweep[name]) == {"10", "40", "200", "1000"}, name
+        assert name in done.stdout
     assert "adk InMemory append_event" not in sweep
+    assert "adk Sqlite append_event" not in sweep
+    # The bulk rows stand beside their raw peer of the same run.
+    for figure in results["targets"]:
+        if figure["name"] in ("append_many on the mix, batches of 1,000",
+                              "replay --batch 1000 of the mix"):  # fmt: skip
+            assert figure["peer_name"] == "raw py-lmdb txn per batch of 1,000"
+            assert figure["peer"] > 0 and figure["ratio"] > 0
+            assert figure["target"] == ">= 150,000 events/s"
     assert results["results"][0]["problems"] == []
     assert set(results["throughput_vs_writers"]) >= {"sessionscope lmdb durable, asyncio tasks"}
     pytest.importorskip("matplotlib")

@@ -5,10 +5,12 @@ It generates the agent mix (``mix``), replays it on sessionscope's embedded LMDB
 importable in this process (google-adk's in-memory, SQLite and Database
 services, and sessionscope's ADK adapter), measures raw LMDB put/commit with
 and without fsync as the floor, then sweeps latency against session length
-and throughput against the number of concurrent writers. Slow peers replay
-the trace only as far as a time budget allows; their state is verified for
-the part they replayed. The speed targets (``speed``) end the run: each
-on the mix beside its peer, and on mix sessions of 10 to 1,000 events.
+(one session filled to 100,000 events of the mix) and throughput against the
+number of concurrent writers (each appending events of the mix). Slow peers
+replay the trace only as far as a time budget allows; their state is
+verified for the part they replayed. The speed targets (``speed``) end the
+run: each on the mix beside its peer, and on mix sessions of 10 to 1,000
+events.
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ import lmdb
 
 from .. import codec
 from ..core import IMPLEMENTATION
-from ..model import Event, EventActions
-from ..service.core import event_to_record
 from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
 from ..stores.uri import REDIS_SCHEMES, scheme_of
@@ -49,6 +49,7 @@ from .replay import (
     ReplayResult,
     Target,
     TargetError,
+    native_event,
     open_target,
     replay,
 )
@@ -347,27 +348,24 @@ def raw_lmdb(
 # -- sweeps ------------------------------------------------------------------------
 
 
-def _filler(number: int, text: str) -> dict[str, Any]:
-    return {
-        "id": f"ev-{number:08d}",
-        "timestamp": 1_767_225_600.0 + number / 1000,
-        "author": "model" if number % 2 else "user",
-        "invocation_id": f"inv-{number // 4}",
-        "content": {"role": "model" if number % 2 else "user", "parts": [{"text": text}]},
-        "actions": {"state_delta": {"turn": number, "user:seen": number}},
-    }
-
-
 def length_sweep(
-    target: Target, lengths: tuple[int, ...], budget_s: float, samples: int = 20
+    target: Target,
+    lengths: tuple[int, ...],
+    budget_s: float,
+    samples: int = 20,
+    events: speed.MixEvents | None = None,
 ) -> dict[str, dict[int, float]]:
     """Return median append and get(num_recent_events=10) latency at each session length.
 
     The session is filled to each length (through the bulk path where the
     target has one), then ``samples`` appends and reads are timed there. A
-    slow target stops at the first length the budget does not reach.
+    slow target stops at the first length the budget does not reach. The
+    events are the agent mix's (``events``, by default the stored events of
+    40 generated sessions), cycled with fresh ids to reach each length; the
+    cycle restarts where each length's timed appends start, so that at every
+    length the same events are appended and read (its last 10 before them).
     """
-    text = "Here is what I found. " * 30
+    events = events or speed.MixEvents()
     target.create("sweep", "user", "long", {})
     key = ("sweep", "user", "long")
     count = 0
@@ -376,16 +374,18 @@ def length_sweep(
     deadline = time.perf_counter() + budget_s
     clock = time.perf_counter_ns
     for length in sorted(lengths):
-        fill = [(key, target.make_event(_filler(n, text))) for n in range(count, length)]
-        for start in range(0, len(fill), 512):
-            target.append_many(fill[start : start + 512])
+        for start in range(count, length, 512):
+            numbers = range(start, min(start + 512, length))
+            target.append_many(
+                [(key, target.make_event(events.record(n, length))) for n in numbers]
+            )
             if time.perf_counter() > deadline:
                 return {"append": append, "get_recent": recent}
         count = length
         times_append: list[int] = []
         times_get: list[int] = []
         for _ in range(samples):
-            event = target.make_event(_filler(count, text))
+            event = target.make_event(events.record(count, length))
             begin = clock()
             target.append(key, event)
             times_append.append(clock() - begin)
@@ -400,21 +400,22 @@ def length_sweep(
     return {"append": append, "get_recent": recent}
 
 
-def _concurrency_event(number: int) -> Event:
-    text = "The order shipped on Tuesday and should arrive within three days. " * 8
-    return Event(
-        author="model",
-        invocation_id=f"inv-{number}",
-        content={"role": "model", "parts": [{"text": text}]},
-        actions=EventActions(state_delta={"turn": number, "temp:step": number}),
-    )
+def _mix_events(events: speed.MixEvents | None) -> speed.MixEvents:
+    return events if events is not None else speed.MixEvents()
 
 
 async def _tasks_throughput(
-    service: Any, writers: int, seconds: float, make_event: Callable[[int], Any] | None = None
+    service: Any,
+    writers: int,
+    seconds: float,
+    make_event: Callable[[dict[str, Any]], Any] = native_event,
+    events: speed.MixEvents | None = None,
 ) -> float:
-    """Return appends/s of ``writers`` tasks on ``service``, native or ADK's (``make_event``)."""
-    make_event = make_event or _concurrency_event
+    """Return appends/s of ``writers`` tasks on ``service``, native or ADK's (``make_event``).
+
+    Each writer appends the agent mix's events (``events``), each with a fresh id.
+    """
+    mix = _mix_events(events)
     sessions = [
         await service.create_session(
             app_name="bench", user_id=f"u{i}", session_id=f"t{writers}-{i}"
@@ -427,7 +428,7 @@ async def _tasks_throughput(
     async def writer(index: int) -> None:
         session = sessions[index]
         while time.perf_counter() < deadline:
-            await service.append_event(session, make_event(done[index]))
+            await service.append_event(session, make_event(mix.next_record()))
             done[index] += 1
 
     started = time.perf_counter()
@@ -435,18 +436,29 @@ async def _tasks_throughput(
     return sum(done) / (time.perf_counter() - started)
 
 
-def tasks_throughput(uri: str, writers: int, seconds: float) -> float:
-    """Return durable appends/s of ``writers`` asyncio tasks, each on its own session."""
+def tasks_throughput(
+    uri: str, writers: int, seconds: float, events: speed.MixEvents | None = None
+) -> float:
+    """Return durable appends/s of ``writers`` asyncio tasks, each on its own session.
+
+    The events are the agent mix's (``events``), each with a fresh id.
+    """
 
     async def main() -> float:
         async with SessionService(uri) as service:
-            return await _tasks_throughput(service, writers, seconds)
+            return await _tasks_throughput(service, writers, seconds, events=events)
 
     return asyncio.run(main())
 
 
-def threads_throughput(uri: str, writers: int, seconds: float) -> float:
-    """Return durable appends/s of ``writers`` threads, each on its own session."""
+def threads_throughput(
+    uri: str, writers: int, seconds: float, events: speed.MixEvents | None = None
+) -> float:
+    """Return durable appends/s of ``writers`` threads, each on its own session.
+
+    The events are the agent mix's (``events``), each with a fresh id.
+    """
+    mix = _mix_events(events)
     with SyncSessionService(uri) as service:
         sessions = [
             service.create_session(app_name="bench", user_id=f"u{i}", session_id=f"th{writers}-{i}")
@@ -459,7 +471,7 @@ def threads_throughput(uri: str, writers: int, seconds: float) -> float:
         def writer(index: int) -> None:
             start_gate.wait()
             while time.perf_counter() < deadline:
-                service.append_event(sessions[index], _concurrency_event(done[index]))
+                service.append_event(sessions[index], native_event(mix.next_record()))
                 done[index] += 1
 
         threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
@@ -473,14 +485,13 @@ def threads_throughput(uri: str, writers: int, seconds: float) -> float:
         return sum(done) / (time.perf_counter() - started)
 
 
-def _adk_tasks_throughput(service: Any, writers: int, seconds: float) -> float:
+def _adk_tasks_throughput(
+    service: Any, writers: int, seconds: float, events: speed.MixEvents | None = None
+) -> float:
     from google.adk.events import Event as AdkEvent
 
-    def make_event(number: int) -> Any:
-        return AdkEvent.model_validate(event_to_record(_concurrency_event(number)))
-
     async def main() -> float:
-        rate = await _tasks_throughput(service, writers, seconds, make_event)
+        rate = await _tasks_throughput(service, writers, seconds, AdkEvent.model_validate, events)
         close = getattr(service, "close", None)
         if close is not None:
             await close()
@@ -492,13 +503,17 @@ def _adk_tasks_throughput(service: Any, writers: int, seconds: float) -> float:
 def concurrency_sweep(
     directory: Path, writers: tuple[int, ...], seconds: float, peers: bool
 ) -> dict[str, dict[int, float]]:
-    """Return durable appends/s against the number of writers, per target and kind."""
+    """Return durable appends/s against the number of writers, per target and kind.
+
+    Every writer appends the agent mix's events (``speed.MixEvents``).
+    """
+    events = speed.MixEvents()
     results: dict[str, dict[int, float]] = {}
     tasks: dict[int, float] = {}
     threads: dict[int, float] = {}
     for n in writers:
-        tasks[n] = tasks_throughput(f"lmdb://{directory / f'tasks-{n}'}", n, seconds)
-        threads[n] = threads_throughput(f"lmdb://{directory / f'threads-{n}'}", n, seconds)
+        tasks[n] = tasks_throughput(f"lmdb://{directory / f'tasks-{n}'}", n, seconds, events)
+        threads[n] = threads_throughput(f"lmdb://{directory / f'threads-{n}'}", n, seconds, events)
     results["sessionscope lmdb durable, asyncio tasks"] = tasks
     results["sessionscope lmdb durable, threads"] = threads
     if peers and adk_available() is None:
@@ -508,7 +523,7 @@ def concurrency_sweep(
         for n in writers:
             try:
                 sqlite[n] = _adk_tasks_throughput(
-                    SqliteSessionService(str(directory / f"adk-{n}.db")), n, seconds
+                    SqliteSessionService(str(directory / f"adk-{n}.db")), n, seconds, events
                 )
             except sqlite3.OperationalError:
                 # Its writers time out on SQLite's lock ("database is locked")
@@ -660,10 +675,13 @@ def _length_sweeps(
         uris.append(("adk InMemorySessionService", "adk-memory://"))
         uris.append(("adk SqliteSessionService", f"adk-sqlite://{directory / 'sweep-adk.db'}"))
     sweeps = {}
+    events = speed.MixEvents()
     for name, uri in uris:
         target = open_target(uri)
         try:
-            sweeps[name] = length_sweep(target, config.lengths, config.sweep_budget_s)
+            sweeps[name] = length_sweep(
+                target, config.lengths, config.sweep_budget_s, events=events
+            )
         finally:
             target.close()
     return sweeps
@@ -725,15 +743,19 @@ def _charts(report: BenchReport, out: Path) -> list[Path]:
 
     paths = []
     if report.mix_sweep:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for axis, kind, title in zip(
-            axes, ("append", "get_session"), ("appends", "reads"), strict=True
-        ):
+        fig, axes = plt.subplots(2, 2, figsize=(11, 8.4))
+        panels = (
+            ("deferred appends", "deferred appends", "median latency (us)"),
+            ("durable appends", "durable appends (fsync)", "median latency (us)"),
+            ("bulk", "append_many and replay, batches of 1,000", "microseconds per event"),
+            ("reads", "get_session", "median latency (us)"),
+        )
+        for axis, (kind, title, ylabel) in zip(axes.flat, panels, strict=True):
             for name, values in report.mix_sweep.items():
-                if ("get_session" in name) == (kind == "get_session") and values:
+                if speed.group(name) == kind and values:
                     xs = sorted(values)
                     axis.plot(xs, [values[x] for x in xs], marker="o", label=name)
-            style(axis, "events per session (agent mix)", "median latency (us)", title)
+            style(axis, "events per session (agent mix)", ylabel, title)
         paths.append(save(fig, "mix_sweep.png"))
     if report.lengths:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
