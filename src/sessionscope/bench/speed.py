@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -742,18 +743,13 @@ def _build_adk(make_service: Callable[[], Any], work: Workload) -> None:
     asyncio.run(_adk_appends(make_service(), work))
 
 
-async def _adk_appends(service: Any, work: Workload, keep: Path | None = None) -> None:
-    """Create the sessions and send every append; ``keep``: back the database up there first."""
+async def _adk_appends(service: Any, work: Workload) -> None:
+    """Create the sessions and send every append."""
     from google.adk.events import Event as AdkEvent
 
     try:
         for session, event, _ in await live_appends_async(service, work, AdkEvent.model_validate):
             await service.append_event(session, event)
-        if keep is not None:
-            import aiosqlite
-
-            async with aiosqlite.connect(str(keep)) as copy:
-                await service._memory_conn.backup(copy)
     finally:
         close = getattr(service, "close", None)
         if close is not None:
@@ -763,19 +759,22 @@ async def _adk_appends(service: Any, work: Workload, keep: Path | None = None) -
 def _build_adk_sqlite(path: Path, work: Workload) -> None:
     """Store a workload in an ADK Sqlite database at ``path``, untimed.
 
-    ADK's Sqlite service opens a connection per call, unless its database is
-    in memory (one connection then): the appends go to one in memory, 10 times
-    quicker, through the same service and SQL, and its pages are then backed
-    up to ``path``. Where the service no longer keeps that connection, the
-    appends go to ``path`` itself.
+    ADK's Sqlite service syncs every call to its file: the appends go to a
+    database in a memory-backed directory (``/dev/shm``, where a sync costs
+    nothing), through the same service and SQL, and its files are then
+    copied to ``path``. Without such a directory the appends go to ``path``.
     """
-    from google.adk.sessions.sqlite_session_service import SqliteSessionService
-
-    in_memory = SqliteSessionService(":memory:")
-    if hasattr(in_memory, "_memory_conn"):
-        asyncio.run(_adk_appends(in_memory, work, keep=path))
-    else:
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
         _build_adk(_adk_sqlite(path), work)
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="sessionscope-adk-", dir=shm))
+    try:
+        _build_adk(_adk_sqlite(scratch / path.name), work)
+        for built in scratch.iterdir():  # the database and any journal beside it
+            shutil.copyfile(built, path.with_name(built.name))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 Built = tuple[Workload, Path]
