@@ -152,6 +152,30 @@ def test_export_then_replay(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("kind", ["results", "other file", "a file"])
+def test_bench_refuses_an_out_that_holds_anything_before_it_runs(tmp_path: Path, kind: str) -> None:
+    # What --out names is a new or an empty directory: a run never writes over
+    # a file, another run's results included, and is refused before it starts.
+    out = tmp_path / "bench"
+    if kind == "a file":
+        out.write_text("keep me")
+    else:
+        out.mkdir()
+        (out / ("results.json" if kind == "results" else "notes.txt")).write_text("keep me")
+    before = sorted(
+        (p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()
+    )
+    done = run(
+        "bench", "--quick", "--sessions", "4", "--no-peers", "--no-progress", "--out", str(out)
+    )
+    assert done.returncode == 2, done.stderr
+    assert str(out) in done.stderr and "replaying" not in done.stderr
+    after = sorted(
+        (p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()
+    )
+    assert after == before
+
+
 def test_bench_quick_tiny(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     done = run(

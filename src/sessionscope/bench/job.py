@@ -37,6 +37,7 @@ from typing import IO, Any
 import lmdb
 
 from .. import codec
+from ..admin.outfile import create_exclusive, make_directory
 from ..core import IMPLEMENTATION
 from ..service.facade import SessionService, SyncSessionService
 from ..stores import open_store
@@ -583,8 +584,14 @@ def run(
     log: IO[str] | None = None,
     progress: bool = True,
 ) -> BenchReport:
-    """Run the whole job; write JSON and charts to ``out`` when given."""
+    """Run the whole job; write JSON and charts to ``out`` when given.
+
+    ``out`` is made, or must be an empty directory: it is checked before the
+    run, so a run is not spent to find nothing may be written, and nothing
+    in it is overwritten (OutputPathError).
+    """
     log = log if log is not None else sys.stderr
+    made = make_directory(out) if out is not None else False
     started = time.perf_counter()
     report = BenchReport(machine(), _config_dict(config))
     spec = MixSpec(sessions=config.sessions, seed=config.seed)
@@ -627,6 +634,10 @@ def run(
             report.targets = measured.figures
             report.mix = measured.mix
             report.mix_sweep = measured.sweep
+    except BaseException:
+        if made and out is not None and not any(out.iterdir()):
+            out.rmdir()  # a run that failed leaves no directory it made
+        raise
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         _drop_scoped_stores(targets)
@@ -700,11 +711,16 @@ def _config_dict(config: BenchConfig) -> dict[str, Any]:
 
 
 def write_outputs(report: BenchReport, out: Path, charts: bool = True) -> list[Path]:
-    """Write results.json, the table, and (with matplotlib) the PNG charts; return the paths."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write results.json, the table, and (with matplotlib) the PNG charts; return the paths.
+
+    Each file is new (``run`` made ``out``, or found it empty): an existing
+    one is an OutputPathError, never overwritten.
+    """
     written = [out / "results.json", out / "results.txt"]
-    written[0].write_text(json.dumps(report.to_dict(), indent=2, default=_jsonable) + "\n")
-    written[1].write_text(report.format() + "\n")
+    texts = [json.dumps(report.to_dict(), indent=2, default=_jsonable), report.format()]
+    for path, text in zip(written, texts, strict=True):
+        with os.fdopen(create_exclusive(path), "w", encoding="utf-8") as file:
+            file.write(text + "\n")
     if charts:
         written.extend(_charts(report, out))
     return written

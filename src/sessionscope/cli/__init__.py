@@ -99,7 +99,11 @@ def _parser() -> _Parser:
     bench.add_argument("--sessions", type=_positive, help="sessions of the mix to replay")
     bench.add_argument("--seed", type=int, default=0, help="seed of the mix")
     bench.add_argument("--budget", type=float, help="seconds each target may replay for")
-    bench.add_argument("--out", type=Path, help="also write results.json and PNG charts here")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        help="also write results.json, results.txt and PNG charts into this new or empty directory",
+    )
     bench.add_argument("--no-peers", action="store_true", help="measure sessionscope only")
     bench.add_argument("--no-progress", action="store_true", help="never draw progress bars")
     bench.add_argument("--store", action="append", default=[], metavar="URI",
