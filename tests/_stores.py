@@ -350,3 +350,26 @@ def snapshot_dir(path: Path) -> dict[str, tuple[str, int, int]]:
 def read_store_bytes(path: Path) -> bytes:
     """Return the concatenated bytes of every file of a store directory."""
     return b"".join(p.read_bytes() for p in sorted(path.iterdir()) if p.is_file())
+
+
+class FailingAfter:
+    """A key store that fails after ``count`` swaps of data-key records: a rotation cut short.
+
+    Swaps of the key store's meta record go through: only the records of
+    the data keys count.
+    """
+
+    def __init__(self, keys: Any, count: int) -> None:
+        self._keys = keys
+        self.where = keys.where
+        self._left = count
+
+    def swap(self, key: bytes, old: bytes, new: bytes) -> bool:
+        if key != b"meta":
+            if self._left == 0:
+                raise OSError("interrupted")
+            self._left -= 1
+        return bool(self._keys.swap(key, old, new))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._keys, name)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 import _redis
-from _stores import child_json, ev, run
+from _stores import FailingAfter, child_json, ev, run
 from sessionscope import Event, EventActions, SessionService, SyncSessionService
 from sessionscope.admin.dump import export_dump, import_dump
 from sessionscope.admin.ops import backup
@@ -1020,25 +1020,6 @@ def test_openai_agents_items_are_sealed_and_a_pop_opens_them(place: Place) -> No
 # -- rotation --------------------------------------------------------------------
 
 
-class _FailingAfter:
-    """A key store that fails after ``count`` swaps: a rotation interrupted midway."""
-
-    def __init__(self, keys: Any, count: int) -> None:
-        self._keys = keys
-        self.where = keys.where
-        self._left = count
-
-    def swap(self, key: bytes, old: bytes, new: bytes) -> bool:
-        if key != b"meta":
-            if self._left == 0:
-                raise OSError("interrupted")
-            self._left -= 1
-        return bool(self._keys.swap(key, old, new))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._keys, name)
-
-
 def test_rotating_the_key_encryption_key_rewraps_every_data_key_and_resumes(
     place: Place,
 ) -> None:
@@ -1051,7 +1032,7 @@ def test_rotating_the_key_encryption_key_rewraps_every_data_key_and_resumes(
     keys = open_key_store(place.keys)
     try:
         with pytest.raises(OSError, match="interrupted"):
-            rotate_kek(_FailingAfter(keys, 2), old, new)  # type: ignore[arg-type]
+            rotate_kek(FailingAfter(keys, 2), old, new)  # type: ignore[arg-type]
     finally:
         keys.close()
     # Midway, the new key opens the store, but a user still under the old one says so.

@@ -8,10 +8,8 @@ and however many times it was encoded; the rest of the text is left as it was.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -19,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import _stores
 from sessionscope.stores import redact
 from sessionscope.stores.uri import parse_store_uri
 
@@ -188,16 +187,9 @@ def test_store_spec_repr_hides_a_nested_password() -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the command as test_cli does: ``python -m sessionscope``, never on a terminal."""
-    env = {**os.environ, "PYTHONWARNINGS": "error", "SESSIONSCOPE_TEST_NESTED_KEK": "00" * 32}
-    return subprocess.run(
-        [sys.executable, "-m", "sessionscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    """Run the command line in a child, with the key its encrypted stores are opened with."""
+    extra = {"PYTHONWARNINGS": "error", "SESSIONSCOPE_TEST_NESTED_KEK": "00" * 32}
+    return _stores.run_cli(*args, extra_env=extra)
 
 
 @pytest.mark.parametrize("lower", [False, True])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _stores import FailingAfter
 from sessionscope import SyncSessionService
 from sessionscope.stores import open_store
 
@@ -182,25 +183,6 @@ def test_a_key_store_rotated_before_the_previous_key_was_recorded_checks_its_rec
     assert [_read(rotated, user) for user in ("ada", "bob")] == ["ada", "bob"]
 
 
-class _FailingAfter:
-    """A key store that fails after ``count`` swaps of data-key records: a rotation cut short."""
-
-    def __init__(self, keys: Any, count: int) -> None:
-        self._keys = keys
-        self.where = keys.where
-        self._left = count
-
-    def swap(self, key: bytes, old: bytes, new: bytes) -> bool:
-        if key != META:
-            if self._left == 0:
-                raise OSError("interrupted")
-            self._left -= 1
-        return bool(self._keys.swap(key, old, new))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._keys, name)
-
-
 def test_a_finished_rotation_is_not_run_again_while_the_next_one_is_unfinished(
     place: Place,
 ) -> None:
@@ -212,7 +194,7 @@ def test_a_finished_rotation_is_not_run_again_while_the_next_one_is_unfinished(
     keys = open_key_store(place.keys, create=False)
     try:
         with pytest.raises(OSError, match="interrupted"):
-            rotate_kek(_FailingAfter(keys, 1), Kek(NEW), Kek(THIRD))  # type: ignore[arg-type]
+            rotate_kek(FailingAfter(keys, 1), Kek(NEW), Kek(THIRD))  # type: ignore[arg-type]
     finally:
         keys.close()
     # The old rotation again, or a wrong key into the unfinished one: refused, nothing written.
