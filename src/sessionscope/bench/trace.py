@@ -30,6 +30,7 @@ trace. The generator of agent traffic is ``mix``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import heapq
 import io
@@ -191,16 +192,28 @@ def write_trace(
         gz = str(path).endswith(".gz")
         packed = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if gz else raw
         file = io.TextIOWrapper(packed, encoding="utf-8", newline="\n")
-        file.write(_dumps(head))
-        file.write("\n")
-        for record in records:
-            file.write(dump_record(record))
+        try:
+            file.write(_dumps(head))
             file.write("\n")
-            count += 1
-        file.detach()  # flushes; leaves the files below open
-        if packed is not raw:
-            packed.close()  # ends the gzip stream; the raw file stays open
+            for record in records:
+                file.write(dump_record(record))
+                file.write("\n")
+                count += 1
+        except BaseException:
+            # Interrupted: let go of the wrappers while the raw file is open,
+            # or their clean-up runs later, against a closed file, and prints.
+            with contextlib.suppress(Exception):
+                _let_go(file, packed, raw)
+            raise
+        _let_go(file, packed, raw)
     return count
+
+
+def _let_go(file: io.TextIOWrapper, packed: Any, raw: Any) -> None:
+    """Flush the text and end the gzip stream, leaving ``raw`` open to its owner."""
+    file.detach()
+    if packed is not raw:
+        packed.close()
 
 
 def _dumps(obj: Any) -> str:
