@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ...errors import IncompatibleStoreError, StoreClosedError
+from ...errors import IncompatibleStoreError, StoreClosedError, StoreNotFoundError
 from .. import redact
 from ..completion import Completion
 from ..expiry import Expirer
@@ -391,9 +391,14 @@ class RedisStore:
         self.aio = _AsyncRedisStore(self)
         try:
             check_policy(self._client, self.cluster, self.where, allow_eviction)
-            if create:
+            try:
+                self._sync.run(self._ops.check_format(create=False))
+            except StoreNotFoundError:
+                if not create:
+                    raise
+                # A new store: its prefix must hold nothing before it writes there.
                 self._refuse_foreign_keys()
-            self._sync.run(self._ops.check_format(create))
+                self._sync.run(self._ops.check_format(create=True))
             if not encrypted_ok:
                 refuse_encrypted(self.read_app_state(ENCRYPTION_MARKER_APP), self.where)
         except BaseException:
@@ -531,7 +536,7 @@ class RedisStore:
         return tally.result(), loaded
 
     def _refuse_foreign_keys(self) -> None:
-        """Refuse a prefix that holds keys but no store, before anything is written.
+        """Refuse a prefix that holds keys but no store's format record (none was found).
 
         A new store writes its format record first, so keys under a prefix
         without one are someone else's: writing among them would mix the two,
@@ -539,11 +544,6 @@ class RedisStore:
         write halfway. One SCAN of the database, only when the store is new.
         """
         keys = self._ops.keys
-        try:
-            if self._client.get(keys.format) is not None:
-                return
-        except _REDIS_ERRORS as error:
-            raise _failure(error, self.where) from error
         if any_key(self._client, self.cluster, keys.base, self.where) is None:
             return
         try:
