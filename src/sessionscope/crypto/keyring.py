@@ -90,6 +90,11 @@ def _parse(keys: KeyBackend, raw: bytes) -> tuple[str, int, list[list[Any]]]:
     return kek_id, current, wrapped
 
 
+# A scope's data keys unwrapped: its current cipher, every cipher by key id and
+# by sealed header, and the key-store record they came from.
+_Loaded = tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher], bytes]
+
+
 class Keyring:
     """The data keys of one store: created on first use, cached unwrapped, erased on demand.
 
@@ -101,10 +106,9 @@ class Keyring:
         self._keys = keys
         self.store_id = store_id
         self._lock = threading.Lock()
-        # scope -> (current cipher, every cipher by key id, and by sealed header)
-        self._cache: dict[bytes, tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher]]] = {}
-        # scope -> the record those ciphers were unwrapped from (``refresh`` compares it)
-        self._records: dict[bytes, bytes] = {}
+        # scope -> (current cipher, every cipher by key id, and by sealed header,
+        # the record they were unwrapped from: ``refresh`` compares it)
+        self._cache: dict[bytes, _Loaded] = {}
 
     def __repr__(self) -> str:
         return f"Keyring(keys={self._keys.where!r}, kek_id={self._kek.key_id!r})"
@@ -140,12 +144,11 @@ class Keyring:
         Reads the key store only when the scope is cached; an unchanged
         record keeps its ciphers (nothing is unwrapped again).
         """
-        known = self._records.get(scope)
-        if known is None or self._keys.get(scope) == known:
+        known = self._cache.get(scope)
+        if known is None or self._keys.get(scope) == known[3]:
             return
         with self._lock:
             self._cache.pop(scope, None)
-            self._records.pop(scope, None)
 
     def cached(self, scope: bytes, key_id: int) -> Cipher | None:
         """Return the cipher of a data key if this keyring holds it unwrapped, else None."""
@@ -195,7 +198,6 @@ class Keyring:
         with self._lock:
             for known in [s for s in self._cache if s.startswith(scope)] if prefix else [scope]:
                 self._cache.pop(known, None)
-                self._records.pop(known, None)
         if prefix:
             self._keys.delete_prefix(scope)
         else:
@@ -225,9 +227,7 @@ class Keyring:
                 "with the old and the new key",
             )
 
-    def _load(
-        self, scope: bytes, raw: bytes
-    ) -> tuple[Cipher, dict[int, Cipher], dict[bytes, Cipher]]:
+    def _load(self, scope: bytes, raw: bytes) -> _Loaded:
         kek_id, current, wrapped = _parse(self._keys, raw)
         self._check_kek(kek_id)
         ciphers: dict[int, Cipher] = {}
@@ -243,15 +243,13 @@ class Keyring:
             raise CorruptStoreError(
                 f"a data-key record of {self._keys.where} lacks its current key"
             )
-        loaded = (ciphers[current], ciphers, {c.head: c for c in ciphers.values()})
+        loaded = (ciphers[current], ciphers, {c.head: c for c in ciphers.values()}, raw)
         with self._lock:
             # Bounded: a long-lived process meets many users; a scope dropped
             # is unwrapped again on its next use.
             if len(self._cache) >= _CACHED_SCOPES:
                 self._cache.clear()
-                self._records.clear()
             self._cache[scope] = loaded
-            self._records[scope] = raw
         return loaded
 
 
