@@ -332,11 +332,14 @@ class EncryptedStore:
 
     # -- sealing ---------------------------------------------------------
 
-    def _user(self, app: str, user: str, fresh: bool = False) -> Cipher:
-        return self._keyring.current(user_scope(app, user), fresh)
+    def _fresh_user(self, app: str, user: str) -> Cipher:
+        """Return a user's current cipher, read from the key store (another process may
+        have erased the key): for what makes a session or sets state outside an append."""
+        return self._keyring.current(user_scope(app, user), fresh=True)
 
-    def _app(self, app: str, fresh: bool = False) -> Cipher:
-        return self._keyring.current(app_scope(app), fresh)
+    def _fresh_app(self, app: str) -> Cipher:
+        """Return an app's current cipher, read from the key store (see ``_fresh_user``)."""
+        return self._keyring.current(app_scope(app), fresh=True)
 
     def _forget(self) -> None:
         """Drop what was derived from the data keys: after an erasure nothing of it may serve."""
@@ -473,7 +476,7 @@ class EncryptedStore:
 
     def _copy(self, copy: SessionCopy) -> SessionCopy:
         app, user, session = copy.app_name, copy.user_id, copy.session_id
-        cipher = self._user(app, user, fresh=True)
+        cipher = self._fresh_user(app, user)
         return SessionCopy(
             app,
             user,
@@ -645,13 +648,13 @@ class EncryptedStore:
         session_items: Items,
     ) -> tuple[Any, ...]:
         # A new session reads its user's key afresh: another process may have erased it.
-        cipher = self._user(app, user, fresh=True)
+        cipher = self._fresh_user(app, user)
         return (
             app,
             user,
             session,
             create_time,
-            self._seal_items(self._app(app, fresh=True), app_items, "a", app) if app_items else [],
+            self._seal_items(self._fresh_app(app), app_items, "a", app) if app_items else [],
             self._seal_items(cipher, user_items, "u", app, user),
             self._seal_items(cipher, session_items, "s", app, user, session),
         )
@@ -814,12 +817,12 @@ class EncryptedStore:
 
     def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
         """Set keys of the app map, sealed."""
-        cipher = self._app(app_name, fresh=True)
+        cipher = self._fresh_app(app_name)
         return self._inner.write_app_state(app_name, self._seal_items(cipher, items, "a", app_name))
 
     def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
         """Set keys of a user map, sealed."""
-        cipher = self._user(app_name, user_id, fresh=True)
+        cipher = self._fresh_user(app_name, user_id)
         return self._inner.write_user_state(
             app_name, user_id, self._seal_items(cipher, items, "u", app_name, user_id)
         )
@@ -932,12 +935,12 @@ class _AsyncEncrypted:
 
     async def write_app_state(self, app_name: str, items: Items) -> None:
         store = self._store
-        sealed = store._seal_items(store._app(app_name, fresh=True), items, "a", app_name)
+        sealed = store._seal_items(store._fresh_app(app_name), items, "a", app_name)
         await self._aio.write_app_state(app_name, sealed)
 
     async def write_user_state(self, app_name: str, user_id: str, items: Items) -> None:
         store = self._store
-        cipher = store._user(app_name, user_id, fresh=True)
+        cipher = store._fresh_user(app_name, user_id)
         await self._aio.write_user_state(
             app_name, user_id, store._seal_items(cipher, items, "u", app_name, user_id)
         )
