@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ from google.adk.integrations.redis import RedisSessionService as AdkRedisSession
 from google.adk.integrations.redis._config import RedisSessionServiceConfig
 from google.adk.sessions.base_session_service import GetSessionConfig
 
+from _redis_server import redis_server
 from bench_adk import make_event
 from sessionscope.adk import RedisSessionService
 from sessionscope.bench.mix import MixSpec, generate
@@ -60,37 +60,6 @@ SESSIONS_PER_USER = 10
 # The mix `sessionscope bench` replays: 400 sessions of the agent mix.
 REPLAY_SESSIONS = 400
 REPLAY_BATCH = 1000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def start_server(directory: Path, cpu: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a redis-server with its default persistence off (both sides alike).
-
-    With ``cpu`` the server runs on that CPU only.
-    """
-    port = _free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
 
 
 async def median_us(action: Callable[[], Awaitable[Any]], rounds: int) -> float:
@@ -388,23 +357,20 @@ def main() -> None:
         "tens of microseconds and varies from run to run",
     )  # fmt: skip
     args = parser.parse_args()
-    proc = None
     directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
     try:
-        url = args.url
-        if url is None:
-            if shutil.which("redis-server") is None:
-                raise SystemExit("redis-server is not installed; give --url")
-            proc, url = start_server(directory, args.same_cpu)
-        if args.same_cpu is not None:
-            os.sched_setaffinity(0, {args.same_cpu})
-        results = asyncio.run(run(url, args.rounds, args.bulk_events))
-        results["mix"] = mix_rows(url, args.mix_sessions)
-        print(report(results))
+        with contextlib.ExitStack() as stack:
+            url = args.url
+            if url is None:
+                if shutil.which("redis-server") is None:
+                    raise SystemExit("redis-server is not installed; give --url")
+                url = stack.enter_context(redis_server(directory, args.same_cpu))
+            if args.same_cpu is not None:
+                os.sched_setaffinity(0, {args.same_cpu})
+            results = asyncio.run(run(url, args.rounds, args.bulk_events))
+            results["mix"] = mix_rows(url, args.mix_sessions)
+            print(report(results))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
         shutil.rmtree(directory, ignore_errors=True)
 
 
