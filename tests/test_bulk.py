@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import _stores
@@ -69,8 +71,14 @@ def test_a_store_error_keeps_what_came_before_it(svc: SyncSessionService) -> Non
     ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
     svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
     first, second, after = ev({"n": 1}), ev({"temp:t": 1, "n": 2}), ev({"n": 3, "temp:u": 2})
-    with pytest.raises(SessionNotFoundError):
+    with pytest.raises(SessionNotFoundError) as stopped:
         svc.append_many([(s, first), (s, second), (ghost, ev()), (s, after)])
+    # The error says how far the batch got: its first two appends are stored.
+    assert stopped.value.stored == 2  # type: ignore[attr-defined]
+    if sys.version_info >= (3, 11):
+        assert stopped.value.__notes__ == [
+            "the batch stopped here: its first 2 of 4 appends are stored, none after"
+        ]
     stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
     assert stored is not None
     assert ids(stored.events) == [first.id, second.id]
@@ -86,8 +94,9 @@ def test_a_conflicting_event_id_stops_the_batch(svc: SyncSessionService) -> None
     original = svc.append_event(s, ev({"n": 1}))
     clash = ev({"n": 2}, id=original.id)
     later = ev({"n": 3})
-    with pytest.raises(DuplicateEventError):
+    with pytest.raises(DuplicateEventError) as stopped:
         svc.append_many([(s, clash), (s, later)])
+    assert stopped.value.stored == 0  # type: ignore[attr-defined]
     stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
     assert stored is not None and ids(stored.events) == [original.id]
 
@@ -99,8 +108,9 @@ def test_a_clash_between_two_events_of_one_batch_stops_it_at_the_second(
     s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
     first = ev({"n": 1})
     clash, later = ev({"n": 2}, id=first.id), ev({"n": 3})
-    with pytest.raises(DuplicateEventError):
+    with pytest.raises(DuplicateEventError) as stopped:
         svc.append_many([(s, first), (s, clash), (s, later)])
+    assert stopped.value.stored == 1  # type: ignore[attr-defined]
     stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
     assert stored is not None and ids(stored.events) == [first.id]
     assert stored.state == {"n": 1} and s.revision == stored.revision

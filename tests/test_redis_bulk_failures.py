@@ -125,6 +125,8 @@ def test_a_batch_refused_for_memory_part_way_stores_and_reports_a_prefix(server:
         with pytest.raises(StoreError) as raised:
             svc.append_many([(s, e) for e in events])
         check_out_of_memory(raised.value)
+        # The error says how far the batch got: the first call's 1,000 events.
+        assert raised.value.stored == 1000  # type: ignore[attr-defined]
 
         stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
         assert stored is not None

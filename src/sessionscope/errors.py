@@ -125,3 +125,21 @@ class KeyErasedError(CorruptStoreError):
     dump or a stale copy of what they held can no longer be read by anyone.
     (A record copied from another user's place looks the same.)
     """
+
+
+def batch_stopped(error: BaseException, stored: int, total: int) -> BaseException:
+    """Return ``error``, which stopped a batch of ``total`` appends, saying how many are stored.
+
+    The error keeps its class (a caller catching ``SessionNotFoundError``
+    still does) and gains ``stored``: the batch's first ``stored`` appends
+    are stored (appended, or found already stored as repeats), none after.
+    From Python 3.11 on a note on the error says it too, so that a
+    traceback shows it.
+    """
+    error.stored = stored  # type: ignore[attr-defined]
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(
+            f"the batch stopped here: its first {stored} of {total} appends are stored, none after"
+        )
+    return error

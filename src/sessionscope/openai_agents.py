@@ -33,7 +33,12 @@ from agents.memory.session_settings import coerce_session_settings, resolve_sess
 
 from .codec import EVENT_FORMAT, decode_event, encode_event, unpack
 from .core import IMPLEMENTATION, last_values
-from .errors import AlreadyExistsError, CorruptStoreError, SessionNotFoundError
+from .errors import (
+    AlreadyExistsError,
+    CorruptStoreError,
+    SessionNotFoundError,
+    batch_stopped,
+)
 from .model import new_event_id
 from .service.core import check_app_name, check_id
 from .stores import open_store
@@ -176,7 +181,7 @@ class AgentsSession:
                     len(items),
                     self.session_id,
                 )
-            raise result.error
+            raise batch_stopped(result.error, result.applied, len(items))
 
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> Any | None:
         """Remove and return the newest item (None when there is none), atomically."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
-from ..errors import SessionscopeError
+from ..errors import SessionscopeError, batch_stopped
 from ..model import Event, GetSessionConfig, ListSessionsResponse, Session
 from ..stores import Store, open_store
 from ..stores.records import AppendBatch, BatchResult
@@ -340,7 +340,9 @@ class SyncSessionService:
         brought into the live sessions. A bad event anywhere in the batch is
         refused before anything is stored. An error the store meets (a missing
         session, a conflicting event id) stops the batch there: the appends
-        before it stay stored and applied to their sessions, and it is raised.
+        before it stay stored and applied to their sessions, and it is raised
+        with ``stored`` set to how many of the batch's first appends are
+        stored (``errors.batch_stopped``).
         """
         return self.append_many_with(appends, lambda batch: self.store.append_many(batch).result())
 
@@ -369,7 +371,7 @@ class SyncSessionService:
         # Those the store did not reach get their deltas back.
         finished = core.finish_many(prepared, result)
         if result.error is not None:
-            raise result.error
+            raise batch_stopped(result.error, result.applied, len(prepared.batch.event_ids))
         return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
