@@ -635,3 +635,31 @@ def test_a_password_not_percent_encoded_is_refused_without_showing_it(
         open_store(f"lmdb://{tmp_path / 'store'}", encryption=Encryption(keys=keys, key=bytes(32)))
     _no_secret(str(caught.value))
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("path", ["/abc", "/0/1", "/-1", "/1x", "/\u0661"])
+def test_a_database_that_is_not_a_number_is_refused(path: str, tmp_path: Path) -> None:
+    """redis-py would read these as database 0 or 1: a typo would move the sessions."""
+    port = free_port()
+    for scheme in ("redis", "rediss", "redis+cluster"):
+        uri = f"{scheme}://:{SECRET}@127.0.0.1:{port}{path}"
+        with pytest.raises(ValueError, match="number of a database") as caught:
+            open_store(uri)
+        _no_secret(str(caught.value))
+        with pytest.raises(ValueError, match="number of a database"):
+            RedisStore(uri) if scheme == "redis" else SyncSessionService(uri)
+        done = run_cli("ls", "--json", uri)
+        assert done.returncode == 2 and "number of a database" in done.stderr, done.stderr
+        _no_secret(done.stdout, done.stderr)
+    from sessionscope.crypto import Encryption
+
+    keys = f"redis://127.0.0.1:{port}{path}"
+    with pytest.raises(ValueError, match="number of a database"):
+        open_store(f"lmdb://{tmp_path / 'store'}", encryption=Encryption(keys=keys, key=bytes(32)))
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_cluster_takes_only_database_0() -> None:
+    port = free_port()
+    with pytest.raises(ValueError, match="only database 0"):
+        open_store(f"redis+cluster://127.0.0.1:{port}/3")

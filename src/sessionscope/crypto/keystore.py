@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import StoreClosedError, StoreError, StoreNotFoundError
-from ..stores.uri import check_userinfo, redact, uri_path
+from ..stores.uri import check_server_uri, redact, uri_path
 
 __all__ = ["KeyBackend", "open_key_store"]
 
@@ -328,7 +328,7 @@ def open_key_store(location: str, *, create: bool = True) -> KeyBackend:
             raise ValueError(f"the key store {location!r} names no path")
         return LmdbKeys(Path(os.path.expanduser(path)), create)
     if parts.scheme in ("redis", "rediss"):
-        check_userinfo(location)
+        check_server_uri(location)
         pairs = parse_qsl(parts.query, keep_blank_values=True)
         prefix = "sessionscope-keys:"
         rest = []

@@ -21,7 +21,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "SCHEMES",
     "StoreSpec",
-    "check_userinfo",
+    "check_server_uri",
     "lmdb_path",
     "parse_store_uri",
     "query_pairs",
@@ -244,7 +244,7 @@ def parse_store_uri(uri: str) -> StoreSpec:
         if not path:
             raise ValueError(f"{redact(uri)!r} names no path")
         return StoreSpec(uri, scheme, kind, _options(scheme, parts.query, known), path=path)
-    check_userinfo(uri)
+    check_server_uri(uri)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     tls = [(name, text) for name, text in pairs if name.startswith("ssl_")]
     if tls and scheme != "rediss":
@@ -274,7 +274,18 @@ def parse_store_uri(uri: str) -> StoreSpec:
     )
 
 
-def check_userinfo(uri: str) -> None:
+def check_server_uri(uri: str) -> None:
+    """Refuse a Redis URI that redis-py would read other than it reads to a person.
+
+    Its credentials must be percent-encoded and its path a database number
+    (``_check_userinfo``, ``_check_database``). The messages never repeat
+    the URI.
+    """
+    _check_userinfo(uri)
+    _check_database(uri)
+
+
+def _check_userinfo(uri: str) -> None:
     """Refuse a server URI whose user name or password is not percent-encoded.
 
     A space, ``/``, ``?`` or ``#`` written as it is in a password ends the
@@ -295,6 +306,27 @@ def check_userinfo(uri: str) -> None:
             "/, ?, # or @ in them written as %20, %2F, %3F, %23 or %40 (and an @ after the "
             "host, in an option's value, as %40)"
         )
+
+
+def _check_database(uri: str) -> None:
+    """Refuse a server URI whose path is not a database number.
+
+    redis-py reads ``redis://host/abc`` as database 0 and ``redis://host/0/1``
+    as database 1: a typo would put the sessions in another database without
+    a word. The path is empty, ``/`` or ``/N``; a cluster has only database 0.
+    """
+    scheme, _, _ = uri.partition("://")
+    path = urlsplit(uri).path
+    number = path[1:] if path.startswith("/") else path
+    if not number:
+        return
+    if not (number.isascii() and number.isdigit()):
+        raise ValueError(
+            f"the path of a {scheme}:// URI is the number of a database (/0, /1, ...), "
+            "and nothing else"
+        )
+    if scheme == "redis+cluster" and int(number) != 0:
+        raise ValueError("a Redis Cluster has only database 0: end its URI with /0 or no path")
 
 
 def _options(scheme: str, query: str, known: dict[str, Reader]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from ..records import (
     result_of_batch,
 )
 from ..rules import check_ttl, page_records, refuse_encrypted
-from ..uri import check_userinfo
+from ..uri import check_server_uri
 from .append import AppendPlans, BatchRead, batch_plan
 from .client import any_key, check_policy, delete_keys, new_client
 from .cluster import topology
@@ -364,7 +364,7 @@ class RedisStore:
         if cluster is not None and wait:
             raise ValueError("wait= needs one server: a cluster write goes to several")
         if url is not None:
-            check_userinfo(url)
+            check_server_uri(url)
         if url is not None and (username is not None or password is not None):
             raise ValueError("give a server's credentials in its URL: redis://user:password@host")
         if not timeout > 0:
