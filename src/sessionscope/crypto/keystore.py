@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..errors import StoreClosedError, StoreError, StoreNotFoundError
+from ..errors import IncompatibleStoreError, StoreClosedError, StoreError, StoreNotFoundError
+from ..stores.lmdb.layout import DB_NAMES
+from ..stores.lmdb.opening import OPEN_HERE, file_id
 from ..stores.uri import check_server_uri, redact, uri_path
 
 __all__ = ["KeyBackend", "open_key_store"]
@@ -112,6 +114,33 @@ _lmdb_open: dict[str, tuple[Any, int]] = {}
 _named_memory: dict[str, MemoryKeys] = {}
 
 
+def _refuse_a_data_store(path: Path, where: str) -> None:
+    """Refuse a key store path that holds a store's data: keys= names the data by mistake.
+
+    Its meta record would otherwise read as a damaged key store's, whose
+    hint (restore it from a backup) is wrong. The look is read-only and
+    takes no lock, so it disturbs no process that has the data store open.
+    """
+    import lmdb
+
+    # A data store open in this process is not opened a second time (LMDB
+    # forbids it): it is known by its file.
+    data_store = file_id(path / "data.mdb") in OPEN_HERE
+    if not data_store:
+        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=0)
+        try:
+            with env.begin() as txn:
+                data_store = all(txn.get(name) is not None for name in DB_NAMES)
+        finally:
+            env.close()
+    if data_store:
+        raise IncompatibleStoreError(
+            f"{where} holds a store's data, not a key store",
+            hint="give keys= a place of its own, apart from the data: where the "
+            "store's data keys were written",
+        )
+
+
 class LmdbKeys:
     """A key store in an LMDB file of its own (``data.mdb`` in its directory)."""
 
@@ -133,6 +162,8 @@ class LmdbKeys:
                 self._closed = False
                 return
             try:
+                if (path / "data.mdb").is_file():
+                    _refuse_a_data_store(path, self.where)
                 path.mkdir(mode=0o700, exist_ok=True)
                 env = lmdb.open(str(path), map_size=_MAP_SIZE, mode=0o600, max_dbs=0)
             except (OSError, lmdb.Error) as error:

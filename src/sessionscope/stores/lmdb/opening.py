@@ -141,7 +141,15 @@ def read_format(path: Path) -> None:
                     hint="pick an empty or new directory",
                 )
             if names:
-                meta = env.open_db(b"meta", txn=txn, create=False)
+                try:
+                    meta = env.open_db(b"meta", txn=txn, create=False)
+                except lmdb.IncompatibleError:
+                    # A plain record named meta, not a database: a key
+                    # store of an encrypted store has one.
+                    raise IncompatibleStoreError(
+                        f"{path} holds another LMDB database",
+                        hint="pick an empty or new directory",
+                    ) from None
                 check_format(path, txn.get(FORMAT_KEY, db=meta))
         finally:
             txn.abort()

@@ -328,7 +328,9 @@ class Writer:
                     txn.abort()
                     raise
                 txn.commit()
-        except lmdb.NotFoundError as error:
+        except (lmdb.NotFoundError, lmdb.IncompatibleError) as error:
+            # No database named meta, or a plain record of that name (as a
+            # key store of an encrypted store has).
             raise IncompatibleStoreError(
                 f"{self.path} holds another LMDB database", hint="pick another path"
             ) from error

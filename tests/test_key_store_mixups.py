@@ -1,0 +1,100 @@
+"""A key store and a data store named in each other's place: a clear error, nothing changed.
+
+An operator who gives ``keys=`` the data store's directory, or opens the key
+store's directory as a store, gets an ``IncompatibleStoreError`` that says
+what the path holds, not a hint to restore a "damaged" store from a backup;
+and neither directory changes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _stores import TEST_KEK, child_env, snapshot_dir
+from sessionscope import SyncSessionService
+from sessionscope.crypto import Encryption
+from sessionscope.errors import IncompatibleStoreError
+from sessionscope.stores import open_store
+
+
+def _encryption(keys: Path) -> Encryption:
+    return Encryption(keys=f"lmdb://{keys}", key=TEST_KEK)
+
+
+def test_keys_naming_a_data_store_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with SyncSessionService(f"lmdb://{data}") as svc:
+        svc.create_session(app_name="a", user_id="u", session_id="s")
+        # Open in this process: refused without a second open of its files.
+        with pytest.raises(IncompatibleStoreError, match="holds a store's data, not a key store"):
+            open_store(f"lmdb://{tmp_path / 'new'}", encryption=_encryption(data))
+        # The store open here goes on working.
+        svc.create_session(app_name="a", user_id="u", session_id="t")
+    before = snapshot_dir(data)
+    with pytest.raises(IncompatibleStoreError, match="holds a store's data, not a key store") as e:
+        open_store(f"lmdb://{tmp_path / 'new'}", encryption=_encryption(data))
+    assert e.value.hint is not None and "restore" not in e.value.hint
+    assert snapshot_dir(data) == before
+    assert not (tmp_path / "new").exists()
+    with SyncSessionService(f"lmdb://{data}") as svc:
+        assert [s.id for s in svc.list_sessions(app_name="a").sessions] == ["s", "t"]
+
+
+def _open_key_store(tmp_path: Path) -> Path:
+    keys = tmp_path / "keys"
+    with SyncSessionService(
+        open_store(f"lmdb://{tmp_path / 'enc'}", encryption=_encryption(keys))
+    ) as svc:
+        svc.create_session(app_name="a", user_id="u", state={"user:name": "Ada"})
+    return keys
+
+
+def test_a_key_store_opened_as_a_store_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    keys = _open_key_store(tmp_path)
+    before = snapshot_dir(keys)
+    with pytest.raises(IncompatibleStoreError, match="holds another LMDB database"):
+        open_store(f"lmdb://{keys}")
+    assert snapshot_dir(keys) == before
+
+
+def test_a_key_store_in_use_opened_as_a_store_is_refused(tmp_path: Path) -> None:
+    """With another process holding the key store open, the opening transaction refuses it."""
+    keys = _open_key_store(tmp_path)
+    holder = textwrap.dedent(
+        f"""
+        import sys
+        from sessionscope.crypto import Encryption
+        from sessionscope.stores import open_store
+        store = open_store({f"lmdb://{tmp_path / 'enc'}"!r},
+                           encryption=Encryption(keys={f"lmdb://{keys}"!r}, key=bytes(range(32))))
+        print("open", flush=True)
+        sys.stdin.readline()
+        store.close()
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", holder],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "open"
+        with pytest.raises(IncompatibleStoreError, match="holds another LMDB database"):
+            open_store(f"lmdb://{keys}")
+    finally:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+        child.stdout.close()
+    # The key store still opens its store.
+    with SyncSessionService(
+        open_store(f"lmdb://{tmp_path / 'enc'}", encryption=_encryption(keys))
+    ) as svc:
+        assert svc.get_user_state(app_name="a", user_id="u") == {"name": "Ada"}
