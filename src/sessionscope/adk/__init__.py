@@ -85,6 +85,9 @@ _MARKER_IN_PRIVATE = _MARKER in getattr(Session, "__private_attributes__", {})
 class AdkModel(FieldModel[Session, Event]):
     """The Model of google-adk's pydantic ``Session`` and ``Event``."""
 
+    session_type = Session
+    event_type = Event
+
     def new_event_id(self) -> str:
         """Return a fresh event id, as ADK makes them."""
         event_id: str = Event.new_id()

@@ -24,6 +24,7 @@ from google.adk.events import Event
 from .. import codec
 from ..core import pack_plain
 from ..errors import IncompatibleStoreError
+from ..service.core import not_of_kind
 
 __all__ = ["decode_events", "encode_event", "event_from_record"]
 
@@ -66,6 +67,10 @@ _to_python = Event.__pydantic_serializer__.to_python
 
 def encode_event(event: Event) -> bytes:
     """Return the stored record of an ADK event; unstorable values raise TypeError."""
+    # pydantic would dump an object of another class with a warning (this
+    # package's own Event has the same fields): refused instead.
+    if not isinstance(event, Event):
+        raise not_of_kind("event", event, Event)
     record = _to_python(event, **_DUMP)
     actions = record.get("actions")
     # Dumped as an empty map when there is none: nothing to redo then.

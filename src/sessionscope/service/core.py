@@ -91,6 +91,11 @@ class Model(Protocol[S, E]):
     ``FieldModel``); what differs between models is asked here.
     """
 
+    # The classes of the session and event objects the service takes: an
+    # append names them when it is handed something else.
+    session_type: type[S]
+    event_type: type[E]
+
     def event_id(self, event: E) -> str:
         """Return the event's id, giving it a fresh one if it has none."""
         ...
@@ -163,6 +168,9 @@ class FieldModel(Generic[S, E]):
 class NativeModel(FieldModel[Session, Event]):
     """The Model of this package's own ``Session`` and ``Event`` dataclasses."""
 
+    session_type = Session
+    event_type = Event
+
     # The stored record of an event, its set fields only: the compiled
     # function itself, so that an append calls it without a Python frame in
     # between. It checks every field but the delta, which partition_checked
@@ -224,6 +232,14 @@ class PreparedCreate:
     app_items: list[tuple[str, bytes]]
     user_items: list[tuple[str, bytes]]
     session_items: list[tuple[str, bytes]]
+
+
+def not_of_kind(name: str, obj: object, kind: type) -> TypeError:
+    """Return the error for an argument ``name`` that is not a ``kind``, naming both classes."""
+    return TypeError(
+        f"{name} must be a {kind.__module__}.{kind.__qualname__}, not a "
+        f"{type(obj).__module__}.{type(obj).__qualname__}"
+    )
 
 
 class ServiceCore(Generic[S, E]):
@@ -371,7 +387,14 @@ class ServiceCore(Generic[S, E]):
         undoes the one change made to the event here. The prepared append is
         itself the request the store takes.
         """
-        return _hot.prepare_append(self.model, session, event, locked)
+        try:
+            return _hot.prepare_append(self.model, session, event, locked)
+        except AttributeError:
+            # The compiled path reads fields by name: a field missing means
+            # an object of another kind (a google-adk Event given to the
+            # native service, say), which is named here.
+            self._check_pair(session, event, "")
+            raise
 
     def abandon_append(self, event: E, prepared: PreparedAppend) -> None:
         """Give the event back its delta, temp keys included, after a failed append."""
@@ -393,7 +416,32 @@ class ServiceCore(Generic[S, E]):
 
     def prepare_many(self, appends: Iterable[tuple[S, E]]) -> _hot.PreparedBatch:
         """Check and pack a bulk append, every event or none (see ``_append.prepare_many``)."""
-        return _hot.prepare_many(self.model, appends)
+        appends = appends if isinstance(appends, list) else list(appends)
+        try:
+            return _hot.prepare_many(self.model, appends)
+        except (AttributeError, TypeError, ValueError):
+            # As prepare_append: name the first pair of another kind.
+            for index, pair in enumerate(appends):
+                if not (isinstance(pair, tuple) and len(pair) == 2):
+                    what = (
+                        f"a tuple of {len(pair)}"
+                        if isinstance(pair, tuple)
+                        else f"a {type(pair).__name__}"
+                    )
+                    raise TypeError(
+                        f"appends[{index}] must be a (session, event) pair, not {what}"
+                    ) from None
+                self._check_pair(*pair, f"appends[{index}]: ")
+            raise
+
+    def _check_pair(self, session: object, event: object, where: str) -> None:
+        """Raise a TypeError naming ``session`` or ``event`` if it is not of the service's kind."""
+        for name, obj, kind in (
+            ("session", session, self.model.session_type),
+            ("event", event, self.model.event_type),
+        ):
+            if not isinstance(obj, kind):
+                raise not_of_kind(where + name, obj, kind) from None
 
     def abandon_many(self, prepared: _hot.PreparedBatch, start: int) -> None:
         """Give their deltas back to the events of a batch from ``start`` on."""
