@@ -33,6 +33,7 @@ from sessionscope.admin.dump import (
 from sessionscope.codec import pack, pack_event
 from sessionscope.errors import DumpError
 from sessionscope.stores.lmdb import path_uri
+from sessionscope.stores.records import ENCRYPTION_MARKER_APP
 
 Record = list[Any]
 
@@ -182,6 +183,21 @@ BAD_DUMPS: dict[str, tuple[Callable[[], list[Record]], str]] = {
         "negative event count",
     ),
     "the same session twice": (lambda: [*session(), *session()], "holds session 's1' twice"),
+    # The name an encrypted store's marker is kept under is a dump's first
+    # record or nothing: later, a marker would make the store it is
+    # imported into read as encrypted, with no key to open it.
+    "an encryption marker after the first record": (
+        lambda: [["app", "app", {}], ["app", ENCRYPTION_MARKER_APP, {"keystore": pack("x")}]],
+        "bad app_name: .*reserved for the store's encryption marker",
+    ),
+    "a user under the marker's name": (
+        lambda: [["user", ENCRYPTION_MARKER_APP, "user", {"name": pack("Ada")}]],
+        "bad app_name: .*reserved",
+    ),
+    "a session under the marker's name": (
+        lambda: session(app=ENCRYPTION_MARKER_APP),
+        "bad app_name: .*reserved",
+    ),
 }
 
 

@@ -46,7 +46,7 @@ import msgpack
 from ..codec import decode_event, pack, unpack
 from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
 from ..errors import DumpError
-from ..service.core import check_id, check_session_id
+from ..service.core import check_app_name, check_id, check_session_id
 from ..stores.protocol import Store
 from ..stores.records import (
     ENCRYPTION_MARKER_APP,
@@ -466,16 +466,24 @@ def _items(path: Path) -> Generator[tuple[Any, ...], None, None]:
         sessions = events = users = 0
         app_names: set[str] = set()
         seen: set[tuple[str, str, str]] = set()
+        first = True
         while True:
             record = reader.next("a record or the trailer")
             kind = record[0] if isinstance(record, list) and record else None
             if kind == "end":
                 _check_trailer(reader, record, app_names, users, sessions, events)
                 return
-            if kind == "app" and _shape(record, str, str, dict):
+            # The encryption marker is a dump's first record (an export
+            # writes it there, and the import reads it there alone); the
+            # name it is kept under is no app's anywhere else.
+            marker = first and kind == "app" and record[1:2] == [ENCRYPTION_MARKER_APP]
+            first = False
+            if marker and _shape(record, str, str, dict):
+                items = _items_of(reader, record[2], None, "the encryption marker")
+                yield ("app", ENCRYPTION_MARKER_APP, items)
+            elif kind == "app" and _shape(record, str, str, dict):
                 app = _id(reader, record[1], "app_name")
-                if app != ENCRYPTION_MARKER_APP:
-                    app_names.add(app)
+                app_names.add(app)
                 yield ("app", app, _items_of(reader, record[2], None, f"app {app!r}"))
             elif kind == "user" and _shape(record, str, str, str, dict):
                 app = _id(reader, record[1], "app_name")
@@ -503,7 +511,12 @@ def _items(path: Path) -> Generator[tuple[Any, ...], None, None]:
 def _id(reader: _Reader, value: str, name: str) -> str:
     """Return an id the service would take as it is (stripped, within limits), or refuse it."""
     try:
-        checked = check_session_id(value) if name == "session_id" else check_id(value, name)
+        if name == "session_id":
+            checked = check_session_id(value)
+        elif name == "app_name":
+            checked = check_app_name(value)
+        else:
+            checked = check_id(value, name)
     except ValueError as error:
         raise reader.error(f"has a bad {name}: {_cut(str(error))}") from None
     if checked != value:
