@@ -21,6 +21,7 @@ Only argparse and logging are imported at start: each command imports what it ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -55,6 +56,10 @@ _VERBOSE = "also show what the library logs at INFO (map growth, retries), not o
 
 class UsageError(Exception):
     """Bad input: reported on stderr with exit code 2."""
+
+
+class _Failed(Exception):
+    """A failure already said in full: reported on stderr with exit code 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,7 +129,8 @@ def _parser() -> _Parser:
     rep.add_argument("--keep-gc", action="store_true",
                      help="leave Python's cyclic garbage collector on while timing")  # fmt: skip
     rep.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
-    rep.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    rep.add_argument("--json", type=Path, metavar="FILE",
+                     help="also write the results as JSON into this new file")  # fmt: skip
 
     gen = commands.add_parser(
         "generate",
@@ -388,8 +394,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from ..admin.outfile import output_file
     from ..bench.replay import TargetError, open_target, replay
     from ..bench.trace import TraceError, load_trace, sample_trace_path
+    from ..stores.uri import lmdb_path
 
     path = Path(args.trace)
     if args.trace == "sample" and not path.exists():
@@ -398,32 +406,40 @@ def _replay(args: argparse.Namespace) -> int:
         _, records = load_trace(path)
     except TraceError as error:
         raise UsageError(str(error)) from None
-    try:
-        target = open_target(args.store)
-    except (TargetError, SessionscopeError) as error:
-        raise UsageError(str(error)) from None
-    try:
-        result = replay(
-            target,
-            records,
-            batch=args.batch,
-            verify_result=not args.no_verify,
-            progress=not args.no_progress,
-            keep_gc=args.keep_gc,
-        )
-    except (SessionscopeError, ValueError, TypeError) as error:
-        from ..errors import AlreadyExistsError
+    # The report file is made (new, owner-only) before the replay runs, so a
+    # path it refuses costs nothing, and removed again unless the replay ends.
+    home = lmdb_path(args.store)
+    report = (
+        contextlib.nullcontext()
+        if args.json is None
+        else output_file(args.json, [home] if home is not None else [])
+    )
+    with report as out:
+        try:
+            target = open_target(args.store)
+        except (TargetError, SessionscopeError) as error:
+            raise UsageError(str(error)) from None
+        try:
+            result = replay(
+                target,
+                records,
+                batch=args.batch,
+                verify_result=not args.no_verify,
+                progress=not args.no_progress,
+                keep_gc=args.keep_gc,
+            )
+        except (SessionscopeError, ValueError, TypeError) as error:
+            from ..errors import AlreadyExistsError
 
-        hint = ""
-        if isinstance(error, AlreadyExistsError):
-            hint = " (replay into a new, empty store: a trace creates its sessions)"
-        _fail(args.command, f"replay failed: {type(error).__name__}: {error}{hint}")
-        return 1
-    finally:
-        target.close()
-    print(result.format())
-    if args.json is not None:
-        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+            hint = ""
+            if isinstance(error, AlreadyExistsError):
+                hint = " (replay into a new, empty store: a trace creates its sessions)"
+            raise _Failed(f"replay failed: {type(error).__name__}: {error}{hint}") from None
+        finally:
+            target.close()
+        print(result.format())
+        if out is not None:
+            out.write((json.dumps(result.to_dict(), indent=2) + "\n").encode())
     return 1 if result.problems else 0
 
 
@@ -510,6 +526,9 @@ def _run(args: argparse.Namespace) -> int:
         _fail(args.command, str(error))
         _json_error(args, "UsageError", str(error))
         return 2
+    except _Failed as error:
+        _fail(args.command, str(error))
+        return 1
     except OutputPathError as error:
         # An output path refused before anything was written: bad input.
         _fail(args.command, str(error))

@@ -1,0 +1,124 @@
+"""What the command line leaves on disk: the replay report, stores refused or left behind.
+
+``replay --json FILE`` makes its report as every other output file is made
+(new, owner-only, never through a link, refused before the replay runs);
+store files that are links are bad input for every command (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from _stores import run_cli
+from sessionscope.cli import main
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, cwd=cwd, extra_env={"PYTHONWARNINGS": "error"})
+
+
+def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Assert an exit 2 with one line on stderr that says ``words``, and no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
+def replay_into(store: Path, report: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return run("replay", "sample", "--no-progress", "--store", f"lmdb://{store}",
+               "--json", str(report), *more)  # fmt: skip
+
+
+# -- replay --json FILE ----------------------------------------------------------------
+
+
+def test_the_replay_report_is_a_new_owner_only_file(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = replay_into(tmp_path / "store", report)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report.read_text())["problems"] == []
+    assert stat.S_IMODE(os.lstat(report).st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "store"]
+
+
+def test_a_replay_report_through_a_link_is_refused_before_the_replay(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "link.json").symlink_to(victim)
+    refused(replay_into(tmp_path / "store", tmp_path / "link.json"), "symbolic link")
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "store").exists()
+
+
+def test_an_existing_replay_report_is_not_overwritten(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text("keep me")
+    report.chmod(0o644)
+    refused(replay_into(tmp_path / "store", report), "exists")
+    assert report.read_text() == "keep me"
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_fifo_as_replay_report_is_refused_and_nothing_written_to_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    # A reader keeps a write from blocking, so that an unchecked write shows as data.
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        refused(replay_into(tmp_path / "store", fifo), "FIFO")
+        # No writer ever came: the pipe holds nothing (end of file).
+        assert os.read(reader, 65536) == b""
+    finally:
+        os.close(reader)
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_replay_report_in_a_missing_directory_is_refused_before_the_replay(
+    tmp_path: Path,
+) -> None:
+    refused(replay_into(tmp_path / "store", tmp_path / "nope" / "r.json"), "does not exist")
+    assert not (tmp_path / "store").exists()
+    assert not (tmp_path / "nope").exists()
+
+
+def test_a_replay_report_inside_the_target_store_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert replay_into(store, tmp_path / "first.json").returncode == 0
+    before = sorted(p.name for p in store.iterdir())
+    refused(replay_into(store, store / "r.json"), "inside")
+    assert sorted(p.name for p in store.iterdir()) == before
+
+
+def test_a_failed_replay_leaves_no_report(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert replay_into(store, tmp_path / "first.json").returncode == 0
+    # The sessions are stored already: the second replay fails.
+    done = replay_into(store, tmp_path / "second.json")
+    assert done.returncode == 1, done.stderr
+    assert "AlreadyExistsError" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first.json", "store"]
+
+
+def test_an_interrupted_replay_leaves_no_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sessionscope.bench.replay as replay_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        # The report file exists (as its .partial) while the replay runs.
+        assert (tmp_path / "r.json.partial").exists()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay_module, "replay", interrupted)
+    code = main(["replay", "sample", "--no-progress", "--store", "memory://",
+                 "--json", str(tmp_path / "r.json")])  # fmt: skip
+    assert code == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
