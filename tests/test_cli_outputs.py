@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from _stores import run_cli
+from sessionscope.bench.replay import check_trace, open_target, replay
+from sessionscope.bench.trace import FORMAT, VERSION, TraceError, check_record
 from sessionscope.cli import main
+from sessionscope.stores.records import ENCRYPTION_MARKER_APP
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -122,3 +127,75 @@ def test_an_interrupted_replay_leaves_no_report(
     assert code == 130
     assert "interrupted" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# -- replay checks the whole trace before the store is opened ------------------------------
+
+
+def _create(session: str, app: str = "a") -> dict[str, Any]:
+    return {"op": "create", "app": app, "user": "u", "session": session, "state": None}
+
+
+def _append(session: str, event_id: str, text: str = "hi") -> dict[str, Any]:
+    event = {"id": event_id, "timestamp": 1.0, "author": "x", "content": {"text": text}}
+    return {"op": "append", "app": "a", "user": "u", "session": session, "event": event}
+
+
+# Each trace is refused at its third record, after records that write.
+REFUSED_TRACES = {
+    "a create twice": (
+        [_create("s1"), _append("s1", "e1"), _create("s1")],
+        "record 3: create of a session the trace created already",
+    ),
+    "an append to a session never created": (
+        [_create("s1"), _append("s1", "e1"), _append("nope", "e2")],
+        "record 3: append to a session the trace has not created",
+    ),
+    "one event id with two contents": (
+        [_create("s1"), _append("s1", "e1"), _append("s1", "e1", "other")],
+        "record 3: append of an event id stored with other content",
+    ),
+    "the encryption marker's app": (
+        [_create("s1"), _append("s1", "e1"), _create("s2", app=ENCRYPTION_MARKER_APP)],
+        "reserved for the store's encryption marker",
+    ),
+}
+
+
+def _write_trace(path: Path, records: list[dict[str, Any]]) -> Path:
+    lines = [{"format": FORMAT, "version": VERSION}, *records]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("case", list(REFUSED_TRACES))
+def test_a_trace_replay_refuses_is_refused_before_the_store_is_created(
+    tmp_path: Path, case: str
+) -> None:
+    records, message = REFUSED_TRACES[case]
+    trace = _write_trace(tmp_path / "t.jsonl", records)
+    store = tmp_path / "store"
+    done = run("replay", str(trace), "--no-progress", "--store", f"lmdb://{store}")
+    refused(done, message)
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("case", list(REFUSED_TRACES))
+def test_a_refused_trace_writes_nothing_through_the_library(case: str) -> None:
+    records, message = REFUSED_TRACES[case]
+    with pytest.raises(TraceError, match=re.escape(message)):
+        check_trace(records)
+    target = open_target("memory://")
+    try:
+        with pytest.raises(TraceError, match=re.escape(message)):
+            replay(target, records, progress=False)
+        assert target.read("a", "u", "s1") is None
+    finally:
+        target.close()
+
+
+def test_a_trace_record_in_the_encryption_marker_s_app_is_refused_naming_it() -> None:
+    for op in ("create", "get", "delete", "list"):
+        record = {**_create("s"), "op": op, "app": ENCRYPTION_MARKER_APP}
+        with pytest.raises(TraceError, match=r"^line 7: .*reserved for the store's encryption"):
+            check_record(record, "line 7")

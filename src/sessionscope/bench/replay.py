@@ -45,6 +45,7 @@ __all__ = [
     "ReplayResult",
     "Target",
     "TargetError",
+    "check_trace",
     "open_target",
     "percentile",
     "replay",
@@ -569,15 +570,21 @@ class ReplayResult:
         return "\n".join(lines)
 
 
-def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """Turn records into the target's calls, before the clock starts.
+def check_trace(records: Iterable[Mapping[str, Any]]) -> None:
+    """Raise TraceError at the first record a replay refuses: before any target is opened.
 
     Each record is checked as a trace line is (``check_record``), and the
     sessions it names as a replay needs them: an append goes to a session
-    the trace created and has not deleted, a create to one it has not. A
-    record that fails is a TraceError naming its position.
+    the trace created and has not deleted, a create to one it has not, and
+    an event id appended twice to a session holds the same content. The
+    error names the record's position.
     """
-    calls: list[tuple[Any, ...]] = []
+    for _ in _checked(records):
+        pass
+
+
+def _checked(records: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Yield each record with its position once ``check_trace``'s checks passed it."""
     # The event records of each live session by id: one id twice with other
     # content is an append the service refuses.
     live: dict[Key, dict[str, Mapping[str, Any]]] = {}
@@ -585,8 +592,11 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         where = f"record {number}"
         check_record(record, where)
         op = record["op"]
+        if op in ("get", "list"):
+            yield where, record
+            continue
+        key = (record["app"], record["user"], record["session"])
         if op == "append":
-            key = (record["app"], record["user"], record["session"])
             if key not in live:
                 raise TraceError(f"{where}: append to a session the trace has not created")
             event_record = record["event"]
@@ -594,6 +604,27 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
                 seen = live[key].setdefault(event_record["id"], event_record)
                 if seen != event_record:
                     raise TraceError(f"{where}: append of an event id stored with other content")
+        elif op == "create":
+            if key in live:
+                raise TraceError(f"{where}: create of a session the trace created already")
+            live[key] = {}
+        else:  # delete
+            live.pop(key, None)
+        yield where, record
+
+
+def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """Turn records into the target's calls, before the clock starts.
+
+    The records are checked as ``check_trace`` checks them, and each event
+    made as the target's; a record that fails is a TraceError naming its
+    position.
+    """
+    calls: list[tuple[Any, ...]] = []
+    for where, record in _checked(records):
+        op = record["op"]
+        if op == "append":
+            key = (record["app"], record["user"], record["session"])
             delta = (record["event"].get("actions") or {}).get("state_delta")
             try:
                 event = target.make_event(record["event"])
@@ -604,10 +635,6 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
             calls.append(("append", key, event, record["event"], shared,
                           bool(record.get("locked"))))  # fmt: skip
         elif op == "create":
-            key = (record["app"], record["user"], record["session"])
-            if key in live:
-                raise TraceError(f"{where}: create of a session the trace created already")
-            live[key] = {}
             state = record.get("state")
             calls.append(("create", record["app"], record["user"], record["session"], state,
                           _shared_keys(record["app"], record["user"], state)))  # fmt: skip
@@ -618,7 +645,6 @@ def _prepare(target: Target, records: Iterable[Mapping[str, Any]]) -> list[tuple
         elif op == "list":
             calls.append(("list", record["app"], record.get("user")))
         else:
-            live.pop((record["app"], record["user"], record["session"]), None)
             calls.append(("delete", record["app"], record["user"], record["session"]))
     return calls
 

@@ -43,7 +43,7 @@ from typing import IO, Any
 from ..admin.outfile import output_file
 from ..core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
 from ..model import GetSessionConfig
-from ..service.core import check_id, check_session_id, event_to_record
+from ..service.core import check_app_name, check_id, check_session_id, event_to_record
 from ..service.facade import SyncSessionService
 
 __all__ = [
@@ -304,8 +304,9 @@ def _records(file: IO[str], name: str) -> Iterator[dict[str, Any]]:
 def check_record(record: Any, where: str = "record") -> None:
     """Raise TraceError unless a record holds what a replay of it needs, of the right types.
 
-    Ids are checked as the service checks them; a value the service would
-    refuse for its content (not its type) is the service's to refuse.
+    Ids are checked as the service checks them (the app a store keeps its
+    encryption marker under is refused); a value the service would refuse
+    for its content (not its type) is the service's to refuse.
     """
     if not isinstance(record, dict):
         raise TraceError(f"{where}: a record must be a JSON object")
@@ -319,7 +320,7 @@ def check_record(record: Any, where: str = "record") -> None:
     if op not in OPS:
         raise TraceError(f"{where}: unknown op {_short(op)}; known: {', '.join(OPS)}")
     try:
-        check_id(record.get("app"), "app")
+        check_app_name(record.get("app"), "app")
         if op in _SESSION_OPS:
             check_id(record.get("user"), "user")
             session = record.get("session")

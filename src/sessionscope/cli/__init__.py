@@ -395,7 +395,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from ..admin.outfile import output_file
-    from ..bench.replay import TargetError, open_target, replay
+    from ..bench.replay import TargetError, check_trace, open_target, replay
     from ..bench.trace import TraceError, load_trace, sample_trace_path
     from ..stores.uri import lmdb_path
 
@@ -404,6 +404,8 @@ def _replay(args: argparse.Namespace) -> int:
         path = sample_trace_path()
     try:
         _, records = load_trace(path)
+        # Whole, before the target store is opened (or created).
+        check_trace(records)
     except TraceError as error:
         raise UsageError(str(error)) from None
     # The report file is made (new, owner-only) before the replay runs, so a
