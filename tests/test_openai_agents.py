@@ -25,6 +25,7 @@ from _children import children
 from _stores import LMDB_KINDS, REDIS_KINDS, StoreFactory, run, run_cli, store_factory
 from sessionscope import Event, SyncSessionService
 from sessionscope.admin.ops import check_store
+from sessionscope.core import MAX_DEPTH
 from sessionscope.errors import CorruptStoreError, StateValueError
 from sessionscope.openai_agents import DEFAULT_APP_NAME, DEFAULT_USER_ID, AgentsSession
 
@@ -60,6 +61,9 @@ RICH = [
 
 def items(tag: str, count: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": f"{tag}{i}"} for i in range(count)]
+
+
+_SURROGATE = "it is not storable as UTF-8"
 
 
 def uri_of(factory: StoreFactory) -> str:
@@ -242,6 +246,46 @@ def test_bad_items_raise_and_store_nothing(store_factory: StoreFactory) -> None:
         AgentsSession("", store)
     with pytest.raises(ValueError, match="app_name"):
         AgentsSession("s", store, app_name="")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([{"role": "user"}, {"role": "user", "bad": {1}}], "items[1]['bad']: set is not storable"),
+        ([{"role": "user", "content": {1}}], "items[0]['content']: set is not storable"),
+        ([{"role": "user"}, {1: "x"}], "items[1]: dict key 1 is not a str"),
+        ([{"content": [(), object()]}], "items[0]['content'][1]: object is not storable"),
+        ([{"role": "\ud800"}], "items[0]['role']: str holds a lone surrogate: " + _SURROGATE),
+    ],
+    ids=["value", "content", "key", "nested", "text"],
+)
+def test_an_unstorable_value_is_named_by_its_place_in_the_item(
+    bad: list[Any], message: str
+) -> None:
+    """The path runs from the item as given, not through the event record it is kept in."""
+    session = AgentsSession("s")
+    with pytest.raises(StateValueError) as refused:
+        run(session.add_items(bad))
+    assert str(refused.value) == message
+    assert run(session.get_items()) == []
+
+
+def test_an_item_nested_as_deep_as_a_value_may_be_is_refused_with_its_own_path() -> None:
+    """The record holds the item one level down, so the store's depth limit counts from there.
+
+    Every record the session writes is one a dump import accepts (it checks
+    whole records); the message names the place in the item.
+    """
+    deep: Any = "x"
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    session = AgentsSession("s")
+    with pytest.raises(StateValueError, match="nested too deeply") as refused:
+        run(session.add_items([{"role": "user", "content": deep}]))
+    assert str(refused.value).startswith("items[0]['content'][0][0]")
+    assert "['content']['content']" not in str(refused.value)
+    run(session.add_items([{"role": "user", "content": deep[0]}]))  # one level less is stored
+    assert run(session.get_items()) == [{"role": "user", "content": deep[0]}]
 
 
 def test_the_native_service_reads_the_items_as_event_contents(

@@ -32,11 +32,12 @@ from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
 from .codec import EVENT_FORMAT, decode_event, encode_event, unpack
-from .core import IMPLEMENTATION, last_values
+from .core import IMPLEMENTATION, check_storable, last_values
 from .errors import (
     AlreadyExistsError,
     CorruptStoreError,
     SessionNotFoundError,
+    StateValueError,
     batch_stopped,
 )
 from .model import new_event_id
@@ -57,6 +58,9 @@ DEFAULT_APP_NAME = "openai-agents"
 DEFAULT_USER_ID = "default"
 
 _FORMAT_BYTE = bytes([EVENT_FORMAT])
+# What an item's record is checked under; a refusal is named again from the
+# item (``_refused``), so the path is built only then.
+_ITEM_PATH = "item"
 # How many times add_items creates its session and appends again when a
 # clear of another process keeps deleting it in between.
 _CREATE_TRIES = 5
@@ -135,8 +139,9 @@ class AgentsSession:
         """Append ``items`` in order, all or nothing, in one write.
 
         Every item is checked before anything is written: an unstorable
-        value is a TypeError naming it (``items[2]['content']: set is not
-        storable``) and the session is left as it was.
+        value is a TypeError naming it by its place in the list and the item
+        (``items[2]['content']: set is not storable``), and the session is
+        left as it was.
         """
         if isinstance(items, (str, bytes, Mapping)):
             raise TypeError(f"items must be a list of items, not {type(items).__name__}")
@@ -145,13 +150,13 @@ class AgentsSession:
             return
         now = time.time()
         ids = [new_event_id() for _ in items]
-        records = [
-            encode_event(
-                {"id": event_id, "timestamp": now, "author": _author(item), "content": item},
-                f"items[{index}]",
-            )
-            for index, (event_id, item) in enumerate(zip(ids, items, strict=True))
-        ]
+        records = []
+        for index, (event_id, item) in enumerate(zip(ids, items, strict=True)):
+            record = {"id": event_id, "timestamp": now, "author": _author(item), "content": item}
+            try:
+                records.append(encode_event(record, _ITEM_PATH))
+            except StateValueError as error:
+                raise _refused(error, item, f"items[{index}]") from None
         batch = AppendBatch(
             [self._key],
             [0] * len(items),
@@ -222,6 +227,26 @@ def _author(item: Any) -> str:
             if isinstance(value, str):
                 return value
     return ""
+
+
+def _refused(error: StateValueError, item: Any, path: str) -> StateValueError:
+    """Return the error of an unstorable item, naming the value by its place in the item.
+
+    The check walked the item's record, whose path runs through the
+    record's own fields (``['content']``); the item is walked again here,
+    only once refused, so that the path is the caller's. Only nesting can
+    pass on its own and fail in the record, one level deeper: that message
+    keeps its place with the record's field left out.
+    """
+    try:
+        check_storable(item, path)
+    except StateValueError as named:
+        return named
+    message = str(error)
+    inner = _ITEM_PATH + "['content']"
+    if message.startswith(inner):
+        message = path + message[len(inner) :]
+    return StateValueError(message)
 
 
 def _items_of(records: list[bytes]) -> list[Any]:
