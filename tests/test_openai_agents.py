@@ -237,6 +237,8 @@ def test_bad_items_raise_and_store_nothing(store_factory: StoreFactory) -> None:
             await session.add_items([{"role": "user"}, {"bad": {1, 2}}])
         with pytest.raises(TypeError, match="list of items"):
             await session.add_items({"role": "user"})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^items must be a list of items, not int$"):
+            await session.add_items(3)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="negative"):
             await session.get_items(-1)
         assert await session.get_items() == items("ok", 1)

@@ -98,3 +98,22 @@ def test_the_same_calls_give_the_same_answers_as_sqlite_session(
     # The sequences did something: items were added, read back and popped.
     assert any(isinstance(answer, dict) for answer in expected)
     assert any(isinstance(answer, list) and answer for answer in expected)
+
+
+def test_none_stores_nothing_as_on_sqlite_session(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    """Every session of the SDK returns at once for no items: None is taken as []."""
+
+    async def scenario(session: Any) -> list[Any]:
+        await session.add_items([{"role": "user", "content": "kept"}])
+        await session.add_items(None)
+        return await session.get_items()
+
+    sqlite = SQLiteSession("s", tmp_path / "sdk.db")
+    try:
+        expected = run(scenario(sqlite))
+    finally:
+        sqlite.close()
+    assert run(scenario(AgentsSession("s", store_factory()))) == expected
+    assert expected == [{"role": "user", "content": "kept"}]

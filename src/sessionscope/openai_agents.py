@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -134,16 +134,19 @@ class AgentsSession:
         return _items_of(loaded.events)
 
     async def add_items(
-        self, items: list[Any], *, wrapper: RunContextWrapper[Any] | None = None
+        self, items: list[Any] | None, *, wrapper: RunContextWrapper[Any] | None = None
     ) -> None:
         """Append ``items`` in order, all or nothing, in one write.
 
         Every item is checked before anything is written: an unstorable
         value is a TypeError naming it by its place in the list and the item
         (``items[2]['content']: set is not storable``), and the session is
-        left as it was.
+        left as it was. None stores nothing, as an empty list, the way every
+        session of the SDK takes it (``if not items: return``).
         """
-        if isinstance(items, (str, bytes, Mapping)):
+        if items is None:
+            return
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
             raise TypeError(f"items must be a list of items, not {type(items).__name__}")
         items = list(items)
         if not items:
