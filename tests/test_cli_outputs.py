@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from _stores import run_cli
+from sessionscope import LmdbStore, SyncSessionService
+from sessionscope.admin.dump import export_dump
 from sessionscope.bench.replay import check_trace, open_target, replay
 from sessionscope.bench.trace import FORMAT, VERSION, TraceError, check_record
 from sessionscope.cli import main
@@ -199,3 +201,61 @@ def test_a_trace_record_in_the_encryption_marker_s_app_is_refused_naming_it() ->
         record = {**_create("s"), "op": op, "app": ENCRYPTION_MARKER_APP}
         with pytest.raises(TraceError, match=r"^line 7: .*reserved for the store's encryption"):
             check_record(record, "line 7")
+
+
+# -- store files that are links: bad input for every command -------------------------------
+
+
+def _store_with_a_link(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """Return a store whose ``name`` is a link, and the file it points at."""
+    store = tmp_path / "store"
+    with SyncSessionService(LmdbStore(store)) as svc:
+        svc.create_session(app_name="a", user_id="u", session_id="s", state={"k": 1})
+    victim = tmp_path / "victim"
+    if name == "data.mdb":
+        (store / "data.mdb").rename(victim)
+    else:
+        victim.write_bytes(b"precious")
+        (store / "lock.mdb").unlink()
+    (store / name).symlink_to(victim)
+    return store, victim
+
+
+def _commands(uri: str, tmp_path: Path, dump: Path) -> list[list[str]]:
+    return [
+        ["ls", uri],
+        ["show", uri, "a", "u", "s"],
+        ["tail", uri, "a", "u", "s"],
+        ["stats", uri],
+        ["export", uri, str(tmp_path / "out.dump")],
+        ["backup", uri, str(tmp_path / "copy")],
+        ["import", uri, str(dump)],
+        ["compact", uri],
+        ["upgrade", uri],
+    ]
+
+
+@pytest.mark.parametrize("name", ["data.mdb", "lock.mdb"])
+def test_store_files_that_are_links_are_bad_input_for_every_command(
+    tmp_path: Path, name: str
+) -> None:
+    dump = tmp_path / "in.dump"
+    with SyncSessionService(LmdbStore(tmp_path / "other")) as svc:
+        svc.create_session(app_name="a", user_id="u", session_id="t")
+        export_dump(svc.store, dump)
+    store, victim = _store_with_a_link(tmp_path, name)
+    before = victim.read_bytes()
+    for args in _commands(f"lmdb://{store}", tmp_path, dump):
+        for json_flag in ([], ["--json"]):
+            done = run(*args, *json_flag)
+            refused(done, f"{name} is a symbolic link")
+            if json_flag:
+                assert json.loads(done.stdout)["error"]["type"] == "UsageError"
+            assert victim.read_bytes() == before
+            assert (store / name).is_symlink()
+            assert not (tmp_path / "out.dump").exists() and not (tmp_path / "copy").exists()
+    # verify says what it found: a store it cannot open is a problem found (exit 1).
+    done = run("verify", f"lmdb://{store}", "--json")
+    assert done.returncode == 1, done.stderr
+    assert any("is a symbolic link" in p for p in json.loads(done.stdout)["problems"])
+    assert victim.read_bytes() == before

@@ -4,7 +4,8 @@ Exit codes: 0 success; 1 the command ran and found a problem or failed (a
 store that does not verify, a damaged or busy store, a refused dump, a
 migration whose copies differ, a replay whose verification failed); 2 bad
 usage or input (unknown URI scheme, a path that holds no store or a store
-of a newer format, store files that are links, FIFOs or devices, an output
+of a newer format, store files that are links, FIFOs or devices (which
+verify lists as problems found), an output
 path that exists, is not a new file, lies in a store's directory or whose
 directory is missing, a non-empty backup directory, a missing or malformed
 trace). ``tail --follow`` runs until interrupted (Ctrl-C or SIGTERM) and

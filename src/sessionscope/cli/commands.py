@@ -60,10 +60,12 @@ __all__ = ["HANDLERS"]
 
 
 def open_uri(uri: str, *, existing: bool = True) -> Store:
-    """Open a store; bad URIs, missing paths and incompatible files are usage errors.
+    """Open a store; bad URIs, missing paths, incompatible files and links are usage errors.
 
-    A damaged store stays the error it is (``CorruptStoreError``, exit 1):
-    the input named a store, and the store is what failed.
+    A store's ``data.mdb`` or ``lock.mdb`` that is a link, FIFO or device is
+    bad input, as compact and upgrade say. A damaged store stays the error
+    it is (``CorruptStoreError``, exit 1): the input named a store, and the
+    store is what failed.
     """
     try:
         return open_existing(uri) if existing else open_store(uri)
@@ -72,6 +74,15 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
     except IncompatibleStoreError as error:
         # Chained: verify tells an encrypted store (a usage error) from damage.
         raise UsageError(str(error)) from error
+    except UnsafeStoreError as error:
+        # Refused for a store file that is a link (a FIFO or device is an
+        # IncompatibleStoreError); a directory others may write to, or a Redis
+        # server that may evict, stays a refusal of the store.
+        path = lmdb_path(uri)
+        links = path is not None and any((path / n).is_symlink() for n in ("data.mdb", "lock.mdb"))
+        if links:
+            raise UsageError(str(error)) from error
+        raise
     except SessionscopeError:
         raise
     except ValueError as error:  # an unknown scheme or option
