@@ -1,4 +1,4 @@
-"""Child processes of the OpenAI Agents tests: add, pop, or run one agent turn on a store.
+"""Child processes of the OpenAI Agents tests: add, pop, clear, or run one agent turn on a store.
 
 Run as ``python _agents_workers.py COMMAND ARGS...``; each prints ``ready``
 once its store is open, waits for a line on stdin (so that every child
@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -61,6 +63,22 @@ async def pop(uri: str, sid: str) -> None:
     await store.aio.close()
     _say("done")
     _say(json.dumps(got))
+
+
+async def clear(uri: str, sid: str, most: str, seconds: str) -> None:
+    """Clear the session over and over until a line on stdin (or ``most`` times, ``seconds``)."""
+    store = open_store(uri)
+    session = AgentsSession(sid, store)
+    _start()
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    cleared, deadline = 0, time.monotonic() + float(seconds)
+    while not stop.is_set() and cleared < int(most) and time.monotonic() < deadline:
+        await session.clear_session()
+        cleared += 1
+    await store.aio.close()
+    _say("done")
+    _say(json.dumps(cleared))
 
 
 # -- a real agent turn with a model that answers from a script ---------------
@@ -138,4 +156,4 @@ async def turn(uri: str, sid: str, question: str) -> None:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    asyncio.run({"add": add, "pop": pop, "turn": turn}[command](*arguments))
+    asyncio.run({"add": add, "pop": pop, "clear": clear, "turn": turn}[command](*arguments))

@@ -336,6 +336,39 @@ def test_records_laid_out_otherwise_are_read_one_by_one(store_factory: StoreFact
     assert run(AgentsSession("mixed", store).get_items(2)) == expected[-2:]
 
 
+class _ClearedBeforeEachAppend:
+    """A store whose sessions another process clears right before each append of this one."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    @property
+    def aio(self) -> Any:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store.aio, name)
+
+    async def append_many(self, batch: Any) -> Any:
+        for key in batch.keys:
+            await self._store.aio.delete_session(*key)
+        return await self._store.aio.append_many(batch)
+
+
+def test_an_add_succeeds_when_a_clear_lands_before_each_of_its_writes(
+    store_factory: StoreFactory,
+) -> None:
+    """The first add after a clear writes the session with its items at once: nothing between."""
+    store = store_factory()
+    cleared = AgentsSession("s", _ClearedBeforeEachAppend(store))
+    run(AgentsSession("s", store).add_items(items("old", 2)))
+    run(cleared.add_items(items("a", 3)))
+    assert run(AgentsSession("s", store).get_items()) == items("a", 3)
+    run(cleared.add_items(items("b", 1)))
+    assert run(AgentsSession("s", store).get_items()) == items("b", 1)
+    assert check_store(store).clean
+
+
 def test_a_uri_opens_a_store_the_session_owns(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with AgentsSession("s", f"lmdb://{tmp_path / 'db'}") as session:
@@ -471,6 +504,43 @@ def test_processes_popping_one_session_never_get_the_same_item(
                 kid.wait_ok()
         assert sorted(taken) == sorted(f"p{i}" for i in range(total))
         assert run(AgentsSession("shared", store).get_items()) == []
+        assert check_store(store).clean
+    finally:
+        factory.close_all()
+
+
+@pytest.mark.slow
+def test_adds_succeed_while_another_process_keeps_clearing_the_session(tmp_path: Path) -> None:
+    """A clear between the session's creation and its items cannot make an add fail.
+
+    One process clears the session in a loop while two others add lists to
+    it: every add succeeds (a worker whose add raises exits non-zero), and
+    what is left is whole lists.
+    """
+    factory = StoreFactory("lmdb-sync", tmp_path)
+    try:
+        store = factory()
+        uri = uri_of(factory)
+        lists, size = 150, 2
+        adders = [("add", uri, "shared", f"w{n}", str(lists), str(size)) for n in range(2)]
+        clearer = ("clear", uri, "shared", "1000000", "120")
+        with children(tmp_path, clearer, *adders, stdin=True, script=WORKERS) as kids:
+            for kid in kids:
+                kid.expect("ready")
+            for kid in kids:
+                kid.send("go")
+            for kid in kids[1:]:
+                kid.expect("done")
+                kid.wait_ok()
+            kids[0].send("stop")
+            kids[0].expect("done")
+            line = kids[0].readline()
+            assert line is not None and json.loads(line) > 0
+            kids[0].wait_ok()
+        got = [item["content"] for item in run(AgentsSession("shared", store).get_items())]
+        for first in range(0, len(got), size):
+            tag, number, _ = got[first].split(":")
+            assert got[first : first + size] == [f"{tag}:{number}:{i}" for i in range(size)]
         assert check_store(store).clean
     finally:
         factory.close_all()

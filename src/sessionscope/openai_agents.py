@@ -16,12 +16,13 @@ native ``SessionService`` reads these sessions as events.
   to one session interleave whole lists.
 - ``pop_item()`` removes the newest item in one transaction
   (``Store.pop_events``): two processes popping never get the same item.
-- ``clear_session()`` deletes the session; the next add creates it again.
+- ``clear_session()`` deletes the session; the next add writes it again
+  with its items in one transaction (``Store.restore_session``), so a clear
+  of another process never makes an add fail.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -45,7 +46,7 @@ from .service.core import check_app_name, check_id
 from .stores import open_store
 from .stores.memory import MemoryStore
 from .stores.protocol import Store
-from .stores.records import AppendBatch
+from .stores.records import AppendBatch, EventCopy, SessionCopy
 
 if TYPE_CHECKING:
     from agents.run_context import RunContextWrapper
@@ -61,9 +62,14 @@ _FORMAT_BYTE = bytes([EVENT_FORMAT])
 # What an item's record is checked under; a refusal is named again from the
 # item (``_refused``), so the path is built only then.
 _ITEM_PATH = "item"
-# How many times add_items creates its session and appends again when a
-# clear of another process keeps deleting it in between.
-_CREATE_TRIES = 5
+# How often, and how long, add_items writes its session anew and appends
+# again when the session keeps going between the two: a round fails only
+# when other processes both created the session (an add) and deleted it
+# (a clear) between this add's two calls. The count bounds the rounds on a
+# fast store, the time how long an add waits on a slow one, where each
+# call may wait for the disk or the network.
+_CREATE_TRIES = 100
+_CREATE_SECONDS = 10.0
 
 
 class AgentsSession:
@@ -172,15 +178,22 @@ class AgentsSession:
         )
         aio = self.store.aio
         result = await aio.append_many(batch)
-        for _ in range(_CREATE_TRIES):
-            if not (isinstance(result.error, SessionNotFoundError) and result.applied == 0):
+        tries, deadline = 0, time.monotonic() + _CREATE_SECONDS
+        while isinstance(result.error, SessionNotFoundError) and result.applied == 0:
+            if tries == _CREATE_TRIES or time.monotonic() > deadline:
                 break
-            # The first add (or the first after a clear): create the session,
-            # which another process may have done meanwhile (or cleared again
-            # between the create and the append), and append again.
-            with contextlib.suppress(AlreadyExistsError):
-                await aio.create_session(*self._key, now, [], [], [])
-            result = await aio.append_many(batch)
+            tries += 1
+            # The first add, or the first after a clear: the session is
+            # written with its items in one transaction, so that a clear
+            # cannot come between its creation and the items. When another
+            # add created it meanwhile, the items are appended to that one.
+            events = [EventCopy(i, now, r) for i, r in zip(ids, records, strict=True)]
+            try:
+                await aio.restore_session(SessionCopy(*self._key, now, now, [], events))
+            except AlreadyExistsError:
+                result = await aio.append_many(batch)
+            else:
+                return  # written (or found written whole: a call sent again)
         if result.error is not None:
             if result.applied:
                 _log.warning(
