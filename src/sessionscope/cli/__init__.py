@@ -73,7 +73,10 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False
 
     def error(self, message: str) -> NoReturn:
-        line = " ".join(message.split())
+        from ..stores import redact
+
+        # The message may quote the command line: a URI's password never shows.
+        line = " ".join(redact(message).split())
         if _Parser.json_errors:
             _print_json_error("UsageError", line, f"see '{self.prog} --help'")
         self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")

@@ -421,7 +421,7 @@ def stats(args: argparse.Namespace) -> int:
     """Print sessions, events and bytes per app and scope, and the file's figures."""
     with opened(args.uri) as store, _progress(args, None, "stats") as bar:
         figures = store_stats(store, progress=_report(bar))
-    figures = {"uri": args.uri, **figures}
+    figures = {"uri": redact(args.uri), **figures}
 
     def text() -> str:
         columns: list[Column | str] = [
@@ -501,7 +501,7 @@ def _refused(error: BaseException) -> dict[str, Any]:
 
 
 def _verify_report(args: argparse.Namespace, report: dict[str, Any]) -> int:
-    document = {"uri": args.uri, **report}
+    document = {"uri": redact(args.uri), **report}
 
     def text() -> str:
         lines = [f"structure  {report['structural']}"]
@@ -714,7 +714,7 @@ def import_command(args: argparse.Namespace) -> int:
     imported = {"sessions": counts.sessions - skipped["sessions"]}
     imported["events"] = counts.events - skipped["events"]
     document = {
-        "uri": args.uri,
+        "uri": redact(args.uri),
         "source": str(source),
         **fields,
         "imported": imported,
@@ -798,11 +798,13 @@ def migrate_command(args: argparse.Namespace) -> int:
     fields = _counts(report)
     fields.setdefault("elapsed_s", time.perf_counter() - started)
     differences = list(report.differences)
-    document = {"from": args.source, "to": args.to, **fields, "differences": differences}
+    # Either URL may hold a password: shown as *** only.
+    source, to = redact(args.source), redact(args.to)
+    document = {"from": source, "to": to, **fields, "differences": differences}
 
     def text() -> str:
         shown = {k: v for k, v in fields.items() if k != "differences"}
-        out = [_counts_text(f"migrated {args.source} to {args.to}", shown)]
+        out = [_counts_text(f"migrated {source} to {to}", shown)]
         if differences:
             out.append(f"DIFFERENCES ({len(differences)}):")
             out.extend(f"  - {difference}" for difference in differences)
