@@ -12,17 +12,21 @@ import os
 import re
 import stat
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
-from _stores import run_cli
-from sessionscope import LmdbStore, SyncSessionService
+from _stores import child_env, run_cli
+from sessionscope import Event, LmdbStore, SyncSessionService
 from sessionscope.admin.dump import export_dump
 from sessionscope.bench.replay import check_trace, open_target, replay
 from sessionscope.bench.trace import FORMAT, VERSION, TraceError, check_record
 from sessionscope.cli import main
+from sessionscope.crypto.keystore import open_key_store
 from sessionscope.stores.records import ENCRYPTION_MARKER_APP
 
 
@@ -259,3 +263,130 @@ def test_store_files_that_are_links_are_bad_input_for_every_command(
     assert done.returncode == 1, done.stderr
     assert any("is a symbolic link" in p for p in json.loads(done.stdout)["problems"])
     assert victim.read_bytes() == before
+
+
+# -- a refused import into a new encrypted store removes what it created ---------------------
+
+KEK_HEX = "5e" * 32
+
+
+def _encrypted(store: Path, keys: Path | None = None) -> str:
+    """Return the URI of an encrypted LMDB store (its key store beside it unless ``keys``)."""
+    uri = f"lmdb://{store}?key_env=TEST_KEK"
+    return uri if keys is None else uri + "&keys=" + quote(f"lmdb://{keys}", safe="")
+
+
+def run_encrypted(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, extra_env={"PYTHONWARNINGS": "error", "TEST_KEK": KEK_HEX})
+
+
+@pytest.fixture
+def foreign_dump(tmp_path: Path, dump_of_one: Path) -> Path:
+    """A dump of an encrypted store whose data keys are in the key store ``keys-a``."""
+    source = _encrypted(tmp_path / "source", tmp_path / "keys-a")
+    assert run_encrypted("import", source, str(dump_of_one)).returncode == 0
+    out = tmp_path / "encrypted.dump"
+    done = run_encrypted("export", source, str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture
+def dump_of_one(tmp_path: Path) -> Path:
+    with SyncSessionService(LmdbStore(tmp_path / "plain")) as svc:
+        session = svc.create_session(app_name="a", user_id="u", session_id="s", state={"k": 1})
+        svc.append_event(session, Event(author="x", content={"text": "hi"}))
+        export_dump(svc.store, tmp_path / "one.dump")
+    return tmp_path / "one.dump"
+
+
+def test_a_refused_import_into_a_new_encrypted_store_leaves_neither_store(
+    tmp_path: Path, foreign_dump: Path
+) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for keys in (tmp_path / "keys-b", None):  # named by keys=, or the default beside the store
+        done = run_encrypted("import", _encrypted(tmp_path / "new", keys), str(foreign_dump))
+        assert done.returncode == 1, done.stderr
+        assert "another key store" in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_refused_import_keeps_the_key_store_it_did_not_create(
+    tmp_path: Path, dump_of_one: Path, foreign_dump: Path
+) -> None:
+    # keys-c holds the data keys of another store: it existed before the import.
+    other = _encrypted(tmp_path / "other", tmp_path / "keys-c")
+    assert run_encrypted("import", other, str(dump_of_one)).returncode == 0
+    kept = (tmp_path / "keys-c" / "data.mdb").read_bytes()
+    done = run_encrypted("import", _encrypted(tmp_path / "new", tmp_path / "keys-c"),
+                         str(foreign_dump))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "keys-c" / "data.mdb").read_bytes() == kept
+    shown = run_encrypted("show", other, "a", "u", "s", "--json")
+    assert json.loads(shown.stdout)["state"]["session"] == {"k": 1}
+
+
+def _interrupt_after_import(
+    monkeypatch: pytest.MonkeyPatch, then: Callable[[], None] = lambda: None
+) -> None:
+    """Make the import command's import_dump import whole, run ``then``, and be interrupted."""
+    import sessionscope.admin.dump as dump_module
+
+    real = dump_module.import_dump
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        then()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dump_module, "import_dump", interrupted)
+
+
+def test_an_interrupted_import_into_a_new_encrypted_store_removes_both_stores(
+    tmp_path: Path, dump_of_one: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_KEK", KEK_HEX)
+    _interrupt_after_import(monkeypatch)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    uri = _encrypted(tmp_path / "new", tmp_path / "keys")
+    assert main(["import", uri, str(dump_of_one), "--no-progress"]) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_key_store_another_process_wrote_to_after_the_failure_is_kept(
+    tmp_path: Path, dump_of_one: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sessionscope.admin.dump as dump_module
+
+    monkeypatch.setenv("TEST_KEK", KEK_HEX)
+    keys = tmp_path / "keys"
+    real_check = dump_module.holds_only_dump
+
+    def written_meanwhile(*args: Any) -> bool:
+        # Another process adds a record to the new key store once the import failed.
+        code = (
+            "import sys; from sessionscope.crypto.keystore import open_key_store; "
+            "k = open_key_store(sys.argv[1]); k.add(b'other', b'record'); k.close()"
+        )
+        child = subprocess.run(
+            [sys.executable, "-c", code, f"lmdb://{keys}"],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert child.returncode == 0, child.stderr
+        return real_check(*args)
+
+    _interrupt_after_import(monkeypatch)
+    monkeypatch.setattr(dump_module, "holds_only_dump", written_meanwhile)
+    assert main(["import", _encrypted(tmp_path / "new", keys), str(dump_of_one)]) == 130
+    # The data store held the dump only and went; the key store another process wrote stays.
+    assert not (tmp_path / "new").exists()
+    kept = open_key_store(f"lmdb://{keys}", create=False)
+    try:
+        assert kept.get(b"other") == b"record" and kept.get(b"meta") is not None
+    finally:
+        kept.close()

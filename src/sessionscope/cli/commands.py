@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -50,6 +51,7 @@ from ..errors import (
 from ..stores import LmdbStore, Store, open_store, redact
 from ..stores.lmdb.store import FORMAT_VERSION
 from ..stores.records import LoadedSession
+from ..stores.uri import query_pairs
 from . import UsageError
 from .console import Column, RichProgressBar, interactive, render_table
 
@@ -678,8 +680,9 @@ def import_command(args: argparse.Namespace) -> int:
     """Load a dump into a store (created if missing); a bad dump changes nothing.
 
     The whole dump is checked before a new store is created for it. Should
-    the import fail after that, only the files this command created go, and
-    only while no other process has the store open nor wrote to it.
+    the import fail after that, only the files this command created go (the
+    store's, and those of an LMDB key store it made for an encrypted one),
+    and only while no other process has them open nor wrote to them.
     """
     from ..admin.dump import check_dump, holds_only_dump, import_dump
 
@@ -687,27 +690,38 @@ def import_command(args: argparse.Namespace) -> int:
     if not source.is_file():
         raise UsageError(f"{source} {'is not a file' if source.exists() else 'does not exist'}")
     path = lmdb_path(args.uri)
+    # What this command creates, so that a failure removes that and no more.
     created: list[Path] = []
+    keys = _key_store_path(args.uri)
+    keys_created: list[Path] = []
     if path is not None and not (path / "data.mdb").exists():
         check_dump(source)
-        # What this command creates, so that a failure removes that and no more.
-        created = [p for p in (path, path / "data.mdb", path / "lock.mdb") if not p.exists()]
+        created = _new_files(path)
+        keys_created = _new_files(keys) if keys is not None else []
+    # When the import fails: LMDB's last transaction id of the store, and the
+    # key store's records, given only if the store held nothing but the dump's.
     last_write: int | None = None
+    key_records: list[tuple[bytes, bytes]] | None = None
     try:
         with opened(args.uri, existing=False) as store, _progress(args, None, "import") as bar:
             try:
                 counts = import_dump(store, source, progress=_advance(bar))
             except BaseException:
-                if created and isinstance(store, LmdbStore):
+                # An encrypted store writes through to the LMDB store below it.
+                raw = getattr(store, "raw", store)
+                if created and isinstance(raw, LmdbStore):
                     # The last commit first, then what the store holds: a
                     # commit by another process is in one or the other.
-                    last = store.stat()["last_txnid"]
+                    last = raw.stat()["last_txnid"]
+                    records = _key_records(store, keys) if keys_created else None
                     if holds_only_dump(store, source):
-                        last_write = last
+                        last_write, key_records = last, records
                 raise
     except BaseException:
         if created and path is not None:
-            _remove_created(path, created, last_write)
+            removed = _remove_created(path, created, _last_write_is(last_write))
+            if removed and keys is not None and keys_created:
+                _remove_created(keys, keys_created, _records_are(key_records))
         raise
     fields = _counts(counts)
     skipped = {"sessions": fields.pop("skipped_sessions"), "events": fields.pop("skipped_events")}
@@ -738,34 +752,83 @@ def import_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remove_created(path: Path, created: list[Path], last_write: int | None) -> None:
-    """Remove the files an import created in a new store, unless another process used it.
+def _key_store_path(uri: str) -> Path | None:
+    """Return the directory of an encrypted ``lmdb://`` store's LMDB key store; None if none.
 
-    ``last_write`` is LMDB's last transaction id when the import failed, given
-    only if the store then held nothing but the dump's sessions and state
-    (None otherwise: the store is kept). Another process that has the store
-    open holds LMDB's lock: taking that lock exclusively proves there is none,
-    and keeps any from opening it while the files go. A last transaction id
-    still ``last_write`` proves that nobody wrote since.
+    As ``open_store`` places it: ``keys=``, or beside the store (its path
+    plus ``.keys``). Only a guess until the store is open: ``_key_records``
+    checks it against the key store the store opened.
+    """
+    path = lmdb_path(uri)
+    options = dict(query_pairs(uri))
+    if path is None or not ({"key_file", "key_env"} & set(options)):
+        return None
+    return lmdb_path(options.get("keys") or f"lmdb://{path.absolute()}.keys")
+
+
+def _new_files(path: Path) -> list[Path]:
+    """Return which of an LMDB directory and its two files do not exist yet."""
+    return [p for p in (path, path / "data.mdb", path / "lock.mdb") if not os.path.lexists(p)]
+
+
+def _key_records(store: Store, keys: Path | None) -> list[tuple[bytes, bytes]] | None:
+    """Return every record of the key store an encrypted store opened at ``keys``; else None."""
+    keyring = getattr(store, "keyring", None)
+    if keyring is None or keys is None or keyring.keys.where != f"lmdb://{keys}":
+        return None
+    records: list[tuple[bytes, bytes]] = keyring.keys.items(b"")
+    return records
+
+
+def _last_write_is(last_write: int | None) -> Callable[[Any], bool] | None:
+    """Return the check that an LMDB store's last transaction is still ``last_write``."""
+    if last_write is None:
+        return None
+    return lambda env: bool(env.info()["last_txnid"] == last_write)
+
+
+def _records_are(records: list[tuple[bytes, bytes]] | None) -> Callable[[Any], bool] | None:
+    """Return the check that an LMDB key store still holds exactly ``records``."""
+    if records is None:
+        return None
+
+    def check(env: Any) -> bool:
+        with env.begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor()] == records
+
+    return check
+
+
+def _remove_created(
+    path: Path, created: list[Path], untouched: Callable[[Any], bool] | None
+) -> bool:
+    """Remove the files a failed import created of an LMDB environment, unless another
+    process used it; return whether they went.
+
+    ``untouched`` tells, given the environment opened read-only, that nobody
+    wrote to it since the import failed (the store's last transaction id,
+    the key store's records); None when the store then held more than the
+    dump's sessions and state: it is kept. Another process that has the
+    environment open holds LMDB's lock: taking that lock exclusively proves
+    there is none, and keeps any from opening it while the files go.
     """
     import lmdb
 
     from ..stores.lmdb.maintenance import sole_user
 
-    if last_write is None or not (path / "data.mdb").is_file():
+    if untouched is None or not (path / "data.mdb").is_file():
         # Nothing of a store was made (or it cannot be told whose it is).
         if path in created and path.is_dir() and not any(path.iterdir()):
             path.rmdir()
-        return
+        return False
     try:
         with sole_user(path, "import"):
             env = lmdb.open(str(path), readonly=True, lock=False)
             try:
-                untouched = env.info()["last_txnid"] == last_write
+                if not untouched(env):
+                    return False
             finally:
                 env.close()
-            if not untouched:
-                return
             for file in created[::-1]:
                 if file.is_file():
                     file.unlink()
@@ -773,7 +836,8 @@ def _remove_created(path: Path, created: list[Path], last_write: int | None) -> 
                     file.rmdir()
     except (OSError, lmdb.Error, SessionscopeError):
         # In use by another process, or unreadable: kept as it is.
-        return
+        return False
+    return True
 
 
 def migrate_command(args: argparse.Namespace) -> int:
