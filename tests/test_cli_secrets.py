@@ -72,9 +72,7 @@ def test_import_stats_and_verify_name_the_store_without_its_password(
                 assert json.loads(done.stdout)["uri"] == shown
 
 
-def test_migrate_names_its_target_without_its_password(
-    locked: RedisServer, tmp_path: Path
-) -> None:
+def test_migrate_names_its_target_without_its_password(locked: RedisServer, tmp_path: Path) -> None:
     pytest.importorskip("google.adk")
     from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
