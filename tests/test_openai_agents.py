@@ -23,7 +23,7 @@ from agents.memory import Session, SessionSettings
 import _stores
 from _children import children
 from _stores import LMDB_KINDS, REDIS_KINDS, StoreFactory, run, run_cli, store_factory
-from sessionscope import Event, SyncSessionService
+from sessionscope import Event, SessionService, SyncSessionService
 from sessionscope.admin.ops import check_store
 from sessionscope.core import MAX_DEPTH
 from sessionscope.errors import CorruptStoreError, StateValueError
@@ -184,6 +184,99 @@ def _content(record: bytes) -> Any:
     from sessionscope.codec import decode_event
 
     return decode_event(record)["content"]["content"]
+
+
+def _stored_ids(store: Any, session_id: str = "s") -> tuple[list[str], str]:
+    """Return the ids of a session's stored events, in order, and its revision."""
+    svc = SyncSessionService(store)
+    session = svc.get_session(app_name=DEFAULT_APP_NAME, user_id=DEFAULT_USER_ID,
+                              session_id=session_id)  # fmt: skip
+    assert session is not None and session.revision is not None
+    return [event.id for event in session.events], session.revision
+
+
+async def _append_native(store: Any, author: str) -> str:
+    """Append an event without content (no OpenAI Agents item) through the native API."""
+    svc = SessionService(store)
+    session = await svc.get_session(app_name=DEFAULT_APP_NAME, user_id=DEFAULT_USER_ID,
+                                    session_id="s")  # fmt: skip
+    assert session is not None
+    event = await svc.append_event(session, Event(author=author))
+    return event.id
+
+
+def test_pop_item_refuses_an_event_that_holds_no_item_and_removes_nothing(
+    store_factory: StoreFactory,
+) -> None:
+    """As get_items refuses such a session, pop_item does, and the store stays as it was."""
+    store = store_factory()
+    session = AgentsSession("s", store)
+    run(session.add_items(items("a", 1)))
+    run(_append_native(store, "native"))
+    run(session.add_items(items("b", 2)))
+    assert [run(session.pop_item()) for _ in range(2)] == items("b", 2)[::-1]
+    before = _stored_ids(store)
+    for _ in range(2):  # refused again: nothing went the first time
+        with pytest.raises(CorruptStoreError, match=r"newest event .* holds no OpenAI Agents item"):
+            run(session.pop_item())
+    assert _stored_ids(store) == before and len(before[0]) == 2
+    assert check_store(store).clean
+
+
+class _WrittenDuringPop:
+    """A store where another API appends to the session while a pop of this one runs.
+
+    ``before`` events go on top just before the pop takes the newest,
+    ``after`` ones right after it, as a native writer in another process
+    would.
+    """
+
+    def __init__(self, store: Any, before: int, after: int) -> None:
+        self._store, self._before, self._after = store, before, after
+        self.appended: list[str] = []
+
+    @property
+    def aio(self) -> Any:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store.aio, name)
+
+    async def pop_events(self, *key: Any) -> Any:
+        for n in range(self._before):
+            self.appended.append(await _append_native(self._store, f"before{n}"))
+        popped = await self._store.aio.pop_events(*key)
+        for n in range(self._after):
+            self.appended.append(await _append_native(self._store, f"after{n}"))
+        return popped
+
+
+def test_an_event_without_item_appended_during_a_pop_is_put_back_in_its_place(
+    store_factory: StoreFactory,
+) -> None:
+    """The pop took it; nothing else moved, so it goes back on top, where it was."""
+    store = store_factory()
+    run(AgentsSession("s", store).add_items(items("a", 2)))
+    mine, _ = _stored_ids(store)
+    writer = _WrittenDuringPop(store, before=1, after=0)
+    with pytest.raises(CorruptStoreError, match="holds no OpenAI Agents item"):
+        run(AgentsSession("s", writer).pop_item())
+    assert _stored_ids(store)[0] == [*mine, *writer.appended]
+    assert check_store(store).clean
+
+
+def test_an_event_without_item_that_cannot_go_back_in_place_is_reported_removed(
+    store_factory: StoreFactory,
+) -> None:
+    """Another event came after the pop: putting it back would reorder, so it stays out, loudly."""
+    store = store_factory()
+    run(AgentsSession("s", store).add_items(items("a", 2)))
+    mine, _ = _stored_ids(store)
+    writer = _WrittenDuringPop(store, before=1, after=1)
+    with pytest.raises(CorruptStoreError, match=r"removed an event .* could not put it back"):
+        run(AgentsSession("s", writer).pop_item())
+    assert _stored_ids(store)[0] == [*mine, writer.appended[1]]
+    assert check_store(store).clean
 
 
 def test_clear_session_leaves_other_sessions_alone(store_factory: StoreFactory) -> None:

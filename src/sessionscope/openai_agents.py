@@ -16,6 +16,8 @@ native ``SessionService`` reads these sessions as events.
   to one session interleave whole lists.
 - ``pop_item()`` removes the newest item in one transaction
   (``Store.pop_events``): two processes popping never get the same item.
+  The newest event is read first: one that holds no item is refused and
+  left where it is.
 - ``clear_session()`` deletes the session; the next add writes it again
   with its items in one transaction (``Store.restore_session``), so a clear
   of another process never makes an add fail.
@@ -24,6 +26,7 @@ native ``SessionService`` reads these sessions as events.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -39,6 +42,7 @@ from .errors import (
     CorruptStoreError,
     SessionNotFoundError,
     StateValueError,
+    StoreError,
     batch_stopped,
 )
 from .model import new_event_id
@@ -46,7 +50,7 @@ from .service.core import check_app_name, check_id
 from .stores import open_store
 from .stores.memory import MemoryStore
 from .stores.protocol import Store
-from .stores.records import AppendBatch, EventCopy, SessionCopy
+from .stores.records import AppendBatch, AppendRequest, EventCopy, SessionCopy, event_copy
 
 if TYPE_CHECKING:
     from agents.run_context import RunContextWrapper
@@ -59,6 +63,10 @@ DEFAULT_APP_NAME = "openai-agents"
 DEFAULT_USER_ID = "default"
 
 _FORMAT_BYTE = bytes([EVENT_FORMAT])
+_OTHER_API = (
+    "the session was written through another API (the native service or the google-adk "
+    "drop-in): give AgentsSession an app_name of its own"
+)
 # What an item's record is checked under; a refusal is named again from the
 # item (``_refused``), so the path is built only then.
 _ITEM_PATH = "item"
@@ -205,12 +213,66 @@ class AgentsSession:
             raise batch_stopped(result.error, result.applied, len(items))
 
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> Any | None:
-        """Remove and return the newest item (None when there is none), atomically."""
+        """Remove and return the newest item (None when there is none), atomically.
+
+        An event that holds no item (written through the native API, or
+        damaged) is refused with CorruptStoreError and left where it is: the
+        newest event is read first, and removed only when it is an item.
+        """
+        aio = self.store.aio
+        loaded = await aio.load_session(*self._key, 1, None)
+        if loaded is None or not loaded.events:
+            return None
+        newest = loaded.events[-1]
+        fields = _fields_of(newest, "the newest event")
         try:
-            popped = await self.store.aio.pop_events(*self._key, 1)
+            popped = await aio.pop_events(*self._key, 1)
         except SessionNotFoundError:
             return None
-        return _item_of(popped[0]) if popped else None
+        if not popped:
+            return None
+        record = popped[0]
+        if record == newest:
+            return fields["content"]
+        # Another process changed the session between the read and the pop
+        # (the store has no pop conditional on the newest event).
+        try:
+            return _item_of(record)
+        except StoreError:
+            if await self._put_back(record, str(fields["id"])):
+                raise
+        _log.error("pop_item of session %r removed an event that holds no item", self.session_id)
+        raise CorruptStoreError(
+            "pop_item removed an event of this session that holds no OpenAI Agents item, "
+            "appended while the pop ran, and could not put it back in its place",
+            hint=_OTHER_API,
+        )
+
+    async def _put_back(self, record: bytes, below: str) -> bool:
+        """Append a popped event again, only if the newest event is ``below``: tell whether it went.
+
+        The newest stored event being the one that was newest when the pop
+        was checked means that every event stored was below the popped one
+        and none came since, so on top is its place: the order is kept.
+        The store checks it in the append's transaction (a copy built by
+        hand is stale when its last event differs); the time compared with
+        it is the lowest, so that only the event decides.
+        """
+        try:
+            event = event_copy(record)
+            await self.store.aio.append(
+                AppendRequest(
+                    *self._key,
+                    event.event_id,
+                    event.timestamp,
+                    record,
+                    caller_update_time=-sys.float_info.max,
+                    caller_last_event_id=below,
+                )
+            )
+        except (KeyError, TypeError, ValueError, StoreError):  # stale, gone, or no event at all
+            return False
+        return True
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session; other sessions stay as they are."""
@@ -296,11 +358,12 @@ def _items_of(records: list[bytes]) -> list[Any]:
 
 def _item_of(record: bytes) -> Any:
     """Return the item a stored event record holds."""
+    return _fields_of(record, "an event")["content"]
+
+
+def _fields_of(record: bytes, what: str) -> dict[str, Any]:
+    """Return the fields of a stored record that holds an item; ``what`` names it in errors."""
     fields = decode_event(record)
     if not isinstance(fields, dict) or "content" not in fields:
-        raise CorruptStoreError(
-            "an event of this session holds no OpenAI Agents item",
-            hint="the session was written through another API (the native service or the "
-            "google-adk drop-in): give AgentsSession an app_name of its own",
-        )
-    return fields["content"]
+        raise CorruptStoreError(f"{what} of this session holds no OpenAI Agents item", _OTHER_API)
+    return fields
