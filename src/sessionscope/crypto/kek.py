@@ -28,6 +28,8 @@ _HINT = (
     "give the key-encryption key the store was written with: key_file=PATH, "
     "key_env=NAME or a callable (see docs/encryption.md)"
 )
+# Why a message leaves out what key_file= or key_env= held: see kek_from.
+_UNSHOWN = "it may be the key itself, given in the wrong option"
 
 
 def new_key_text() -> str:
@@ -101,21 +103,30 @@ def kek_from(
             "give the key-encryption key by exactly one of key_file, key_env or key, "
             f"not {', '.join(given) or 'none'}"
         )
+    # A name that finds nothing may be the key itself, given in the wrong
+    # option: the message then says which option, never what it holds. One
+    # that finds a file or a variable is a name, and later messages show it.
     if key_file is not None:
         path = Path(key_file)
-        where = f"the key file {str(path)!r}"
         try:
             raw: bytes | str = path.read_bytes()
         except OSError as error:
             raise EncryptionKeyError(
-                f"{where} cannot be read ({error.strerror or type(error).__name__})", hint=_HINT
+                "key_file names a file that cannot be read: "
+                f"{error.strerror or type(error).__name__} (its path is not shown: {_UNSHOWN})",
+                hint=_HINT,
             ) from None
+        where = f"the key file {str(path)!r}"
         return Kek(_key_of(raw, where), where)
     if key_env is not None:
-        where = f"the environment variable {key_env!r}"
         text = os.environ.get(key_env)
         if not text:
-            raise EncryptionKeyError(f"{where} is not set", hint=_HINT)
+            raise EncryptionKeyError(
+                "key_env names an environment variable that is not set or is empty "
+                f"(its name is not shown: {_UNSHOWN})",
+                hint=_HINT,
+            )
+        where = f"the environment variable {key_env!r}"
         return Kek(_key_of(text, where), where)
     assert key is not None
     if isinstance(key, bytes):
