@@ -34,6 +34,7 @@ from cpython.long cimport (
 from cpython.object cimport PyObject_SetItem
 from cpython.ref cimport PyObject
 from cpython.tuple cimport PyTuple_Check, PyTuple_CheckExact, PyTuple_GET_SIZE
+from cpython.type cimport PyType_IsSubtype
 from cpython.unicode cimport (
     PyUnicode_1BYTE_DATA,
     PyUnicode_Check,
@@ -67,6 +68,8 @@ cdef extern from *:
     #endif
     """
     int _str_ready "sessionscope_str_ready" (object o) except -1
+
+import msgpack
 
 from sessionscope._speedups._core_py import (
     APP_PREFIX,
@@ -122,6 +125,9 @@ cdef int _MAX_DEPTH = MAX_DEPTH
 
 # msgpack stores integers as int64 or uint64: this is the top of the range.
 cdef object _UINT64_MAX = 2**64 - 1
+
+# A namedtuple msgpack packs as an extension, not an array (see _check_items).
+cdef type _EXT_TYPE = msgpack.ExtType
 
 if (APP_PREFIX, USER_PREFIX, TEMP_PREFIX) != ("app:", "user:", "temp:"):
     # _scope_code() spells the prefixes out character by character.
@@ -337,6 +343,20 @@ cdef object _check_items(object value, int depth):
                     return problem
             index += 1
         return None
+    return _check_subclass_items(value, depth)
+
+
+cdef object _check_subclass_items(object value, int depth):
+    # Apart from _check_items, whose loops over exact lists and tuples would
+    # otherwise pay for this code's temporaries.
+    cdef Py_ssize_t index = 0
+    cdef object item
+    cdef object problem
+    # A tuple subclass is stored as a list, except msgpack's ExtType (a
+    # namedtuple): msgpack packs it as an extension, which reads back as an
+    # ExtType.
+    if PyType_IsSubtype(type(value), _EXT_TYPE):
+        return [f"{type(value).__name__} is not storable"]
     # A subclass is read through its own iterator, as the twin does.
     for item in value:
         if not _is_plain(item):

@@ -223,6 +223,11 @@ def _open(value: object, depth: int) -> str | tuple[_Walk, bool] | None:
             return f"{cls.__name__} is nested too deeply (over {MAX_DEPTH} levels)"
         if issubclass(cls, dict):
             return iter(value.items()), True  # type: ignore[attr-defined]
+        # A tuple subclass is stored as a list, except msgpack's ExtType (a
+        # namedtuple): msgpack packs it as an extension, which reads back as an
+        # ExtType. Only a subclass is looked up: exact lists and tuples skip it.
+        if cls is not list and cls is not tuple and issubclass(cls, msgpack.ExtType):
+            return f"{cls.__name__} is not storable"
         return enumerate(value), False  # type: ignore[arg-type]
     if issubclass(cls, (float, bytes)):
         return None
