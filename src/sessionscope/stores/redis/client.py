@@ -17,7 +17,7 @@ import redis.cluster
 
 from ...errors import UnsafeStoreError
 from .common import _text
-from .runners import _REDIS_ERRORS, _failure, _retry
+from .runners import _REDIS_ERRORS, POOL_SIZE, _failure, _retry
 
 hiredis: Any
 try:
@@ -99,7 +99,9 @@ def new_client(
     common: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
-        "retry": _retry(where),
+        "retry": _retry(where, asynchronous),
+        # Per server or node; a runner runs no more plans at once.
+        "max_connections": POOL_SIZE,
         "protocol": 2,
     }
     if url is not None:

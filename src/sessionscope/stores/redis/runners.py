@@ -8,11 +8,14 @@ none, and maps every Redis failure to the ``StoreError`` a caller sees
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import redis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -23,6 +26,19 @@ from .common import Command, Plan, _library_code
 T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
+# The connections a client keeps to one server (or one cluster node). A plan
+# holds at most one of them at a time (two on a cluster node: a pipeline
+# holds one while the client asks the default node for a function call's
+# keys), so a runner that lets no more plans run at once than that allows
+# never finds a pool empty: the next call waits for a plan to finish, where
+# redis-py's pool would fail it ("Too many connections").
+POOL_SIZE = 100
+
+
+def _plans_at_once(cluster: bool) -> int:
+    return POOL_SIZE // 2 if cluster else POOL_SIZE
+
+
 # What a Redis client raises: redis-py's cluster client also raises
 # RedisClusterException (no reachable node, cluster mode off), which is no RedisError.
 _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
@@ -103,16 +119,25 @@ class _LoggedBackoff(ExponentialBackoff):
         self.where = where
 
     def compute(self, failures: int) -> float:
-        _log.info("lost the connection to the Redis server at %s: retrying", self.where)
+        _log_retry(self.where)
         return super().compute(failures)
 
 
-def _retry(where: str) -> Retry:
+def _log_retry(where: str) -> None:
+    _log.info("lost the connection to the Redis server at %s: retrying", where)
+
+
+def _retry(where: str, asynchronous: bool) -> Retry | AsyncRetry:
     # A lost connection is retried once: every command a plan sends is
     # idempotent (appends by event id, creates by session number). A timeout
     # is not: a server that did not answer in ``timeout`` (stopped, or
     # overloaded) would only make the caller wait a second full timeout.
-    return Retry(
+    # An asyncio client needs redis-py's asyncio Retry: the sync one would
+    # hand back the coroutine it was given without awaiting it, so that a
+    # connection the server dropped (its idle timeout, a restart) failed
+    # the next call instead of being retried.
+    kind = AsyncRetry if asynchronous else Retry
+    return kind(
         _LoggedBackoff(where),
         retries=1,
         supported_errors=(redis.exceptions.ConnectionError,),
@@ -126,20 +151,22 @@ class _SyncRunner:
         self.client = client
         self.where = where
         self.cluster = cluster
+        self._slots = threading.BoundedSemaphore(_plans_at_once(cluster))
 
     def run(self, plan: Plan[T]) -> T:
-        try:
-            commands = next(plan)
-            while True:
-                try:
-                    replies = self._execute(commands)
-                except StoreError as error:
-                    # Raised where the plan waits: a bulk append keeps what it took.
-                    commands = plan.throw(error)
-                else:
-                    commands = plan.send(replies)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        with self._slots:
+            try:
+                commands = next(plan)
+                while True:
+                    try:
+                        replies = self._execute(commands)
+                    except StoreError as error:
+                        # Raised where the plan waits: a bulk append keeps what it took.
+                        commands = plan.throw(error)
+                    else:
+                        commands = plan.send(replies)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
 
     def _execute(self, commands: list[Command]) -> list[Any]:
         try:
@@ -187,29 +214,32 @@ class _AsyncRunner:
         self.client = client
         self.where = where
         self.cluster = cluster
+        # Made in the runner's own loop (one runner per loop).
+        self._slots = asyncio.Semaphore(_plans_at_once(cluster))
 
     async def run(self, plan: Plan[T]) -> T:
-        try:
-            commands = next(plan)
-            while True:
-                try:
-                    replies = await self._execute(commands)
-                except StoreError as error:
-                    # Raised where the plan waits: a bulk append keeps what it took.
-                    commands = plan.throw(error)
-                else:
-                    commands = plan.send(replies)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        async with self._slots:
+            try:
+                commands = next(plan)
+                while True:
+                    try:
+                        replies = await self._execute(commands)
+                    except StoreError as error:
+                        # Raised where the plan waits: a bulk append keeps what it took.
+                        commands = plan.throw(error)
+                    else:
+                        commands = plan.send(replies)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
 
     async def _execute(self, commands: list[Command]) -> list[Any]:
         try:
-            replies = await self._send(commands)
+            replies = await self._send_again_once(commands)
             reloaded = _missing_library(replies)
             if reloaded:
                 await self.load_library()
                 if type(commands) is not _Tolerant:
-                    replies = await self._send(commands)
+                    replies = await self._send_again_once(commands)
         except _REDIS_ERRORS as error:
             raise _failure(error, self.where) from error
         except OSError as error:
@@ -220,6 +250,20 @@ class _AsyncRunner:
             if isinstance(reply, redis.exceptions.RedisError):
                 raise _failure(reply, self.where) from reply
         return replies
+
+    async def _send_again_once(self, commands: list[Command]) -> list[Any]:
+        try:
+            return await self._send(commands)
+        except redis.exceptions.ConnectionError:
+            if not self.cluster:
+                raise
+            # redis-py's asyncio cluster client asks a node for a function
+            # call's keys (COMMAND GETKEYS) before its own retry loop, on a
+            # connection the node may have dropped (its idle timeout, a
+            # restart): sent again once here, as that loop would have.
+            # Every command a plan sends is idempotent.
+            _log_retry(self.where)
+            return await self._send(commands)
 
     async def _send(self, commands: list[Command]) -> list[Any]:
         if len(commands) == 1:

@@ -247,7 +247,14 @@ class _AsyncRedisStore:
         guard = _close_with_loop(client)
         await guard.__anext__()
         with self._lock:
-            self._runners[loop] = (runner, guard)
+            found = self._runners.get(loop)
+            if found is None:
+                self._runners[loop] = (runner, guard)
+        if found is not None:
+            # Another task of this loop made a client while this one waited
+            # for the cluster's nodes: that one is kept, this one closed.
+            await guard.aclose()
+            return found[0]
         return runner
 
     async def _run(self, make: Callable[[], Plan[T]]) -> T:
