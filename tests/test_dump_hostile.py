@@ -174,6 +174,10 @@ BAD_DUMPS: dict[str, tuple[Callable[[], list[Record]], str]] = {
         ),
         "state delta keeps a temp: key",
     ),
+    "partial event": (
+        lambda: session(events=[event("e1", 1001.0, partial=True)]),
+        "has a partial event 'e1' in session 's1', which the service never stores",
+    ),
     "state value nested deeper than the service stores": (
         lambda: [["app", "app", {"deep": b"\x91" * 600 + b"\xc0"}]],
         "would refuse: .*nested too deeply",

@@ -582,6 +582,10 @@ def _event(reader: _Reader, event: list[Any], where: str) -> EventCopy:
         check_storable(fields, "event")
     except (TypeError, ValueError) as error:
         raise reader.error(f"has an event {event_id!r} in {where}: {_cut(str(error))}") from None
+    if fields.get("partial") is True:
+        raise reader.error(
+            f"has a partial event {event_id!r} in {where}, which the service never stores"
+        )
     actions = fields.get("actions")
     delta = actions.get("state_delta") if isinstance(actions, dict) else None
     if isinstance(delta, dict) and any(str(key).startswith(TEMP_PREFIX) for key in delta):
