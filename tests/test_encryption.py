@@ -814,7 +814,8 @@ def test_a_wrong_or_missing_key_is_refused_at_open_before_anything_is_written(
         place.open(key=OTHER_KEK)
     assert OTHER_KEK.hex() not in str(caught.value) and KEK.hex() not in str(caught.value)
     monkeypatch.delenv("SESSIONSCOPE_TEST_KEK", raising=False)
-    with pytest.raises(EncryptionKeyError, match=r"SESSIONSCOPE_TEST_KEK.*not set"):
+    unset = r"key_env names an environment variable that is not set"
+    with pytest.raises(EncryptionKeyError, match=unset):
         open_store(
             place.uri(), encryption=Encryption(keys=place.keys, key_env="SESSIONSCOPE_TEST_KEK")
         )
@@ -1226,7 +1227,8 @@ def test_rotate_key_on_the_command_line(tmp_path: Path) -> None:
     finally:
         store.close()
     missing = run_cli(*args, "--new-key-env", "UNSET_NEW_KEK")
-    assert missing.returncode != 0 and "UNSET_NEW_KEK" in missing.stderr
+    assert missing.returncode != 0
+    assert "key_env names an environment variable that is not set" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 
