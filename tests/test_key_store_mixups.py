@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from _stores import TEST_KEK, child_env, snapshot_dir
+from _stores import TEST_KEK, child_env, run_cli, snapshot_dir
 from sessionscope import SyncSessionService
 from sessionscope.crypto import Encryption
-from sessionscope.errors import IncompatibleStoreError
+from sessionscope.errors import IncompatibleStoreError, UnsafeStoreError
 from sessionscope.stores import open_store
 
 
@@ -98,3 +98,33 @@ def test_a_key_store_in_use_opened_as_a_store_is_refused(tmp_path: Path) -> None
         open_store(f"lmdb://{tmp_path / 'enc'}", encryption=_encryption(keys))
     ) as svc:
         assert svc.get_user_state(app_name="a", user_id="u") == {"name": "Ada"}
+
+
+@pytest.mark.parametrize("name", ["data.mdb", "lock.mdb"])
+def test_a_key_store_file_that_is_a_link_is_refused_and_its_target_kept(
+    tmp_path: Path, name: str
+) -> None:
+    """LMDB would write through the link: the key store is refused before any file is opened."""
+    keys = _open_key_store(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not yours")
+    (keys / name).unlink()
+    (keys / name).symlink_to(victim)
+    with pytest.raises(UnsafeStoreError, match="is a symbolic link"):
+        open_store(f"lmdb://{tmp_path / 'enc'}", encryption=_encryption(keys))
+    done = run_cli("rotate-key", f"lmdb://{keys}", "--old-key-env", "OLD", "--new-key-env", "NEW",
+                   extra_env={"OLD": TEST_KEK.hex(), "NEW": bytes(32).hex()})  # fmt: skip
+    assert done.returncode != 0 and "symbolic link" in done.stderr, done.stderr
+    assert victim.read_bytes() == b"not yours"
+
+
+def test_a_key_store_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    keys = _open_key_store(tmp_path)
+    keys.chmod(0o707)
+    try:
+        with pytest.raises(UnsafeStoreError, match=r"the key store .* is writable by others") as e:
+            open_store(f"lmdb://{tmp_path / 'enc'}", encryption=_encryption(keys))
+        # The key store takes no file_mode= or trust_directory=: the hint names none.
+        assert e.value.hint is not None and "file_mode" not in e.value.hint
+    finally:
+        keys.chmod(0o700)

@@ -18,9 +18,15 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..errors import IncompatibleStoreError, StoreClosedError, StoreError, StoreNotFoundError
+from ..errors import (
+    IncompatibleStoreError,
+    StoreClosedError,
+    StoreError,
+    StoreNotFoundError,
+    UnsafeStoreError,
+)
 from ..stores.lmdb.layout import DB_NAMES
-from ..stores.lmdb.opening import OPEN_HERE, file_id
+from ..stores.lmdb.opening import OPEN_HERE, check_store_files, file_id
 from ..stores.uri import check_server_uri, redact, uri_path
 
 __all__ = ["KeyBackend", "open_key_store"]
@@ -161,6 +167,19 @@ class LmdbKeys:
                 _lmdb_open[self._real] = (known[0], known[1] + 1)
                 self._closed = False
                 return
+            # What a store's directory must be (no planted links, FIFOs or
+            # devices, no other writer), checked before LMDB opens a file.
+            # A key store takes no file_mode= or trust_directory=: its
+            # directory is its owner's alone, whatever the data store's is.
+            try:
+                check_store_files(path)
+            except UnsafeStoreError as error:
+                what = str(error).rpartition(" (hint: ")[0] or str(error)
+                raise UnsafeStoreError(
+                    f"the key store {what}",
+                    hint="a key store's directory and files are its owner's alone: chmod go-w "
+                    "the directory, remove a link in place of its files",
+                ) from None
             try:
                 if (path / "data.mdb").is_file():
                     _refuse_a_data_store(path, self.where)
