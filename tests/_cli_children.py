@@ -60,6 +60,17 @@ def writer(path: str, app: str, name: str, stop: str) -> None:
         _say("appended", i)
 
 
+def open_and_append(path: str) -> None:
+    """Say "opening", open the store (waiting if it is held alone), append once, say "appended"."""
+    _say("opening")
+    with SyncSessionService(LmdbStore(path)) as svc:
+        session = svc.create_session(app_name="late", user_id="late", session_id="late")
+        svc.append_event(session, Event(author="late"))
+    _say("appended")
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"append": append, "hold": hold, "writer": writer}[command](*arguments)
+    commands = {"append": append, "hold": hold, "writer": writer}
+    commands["open_and_append"] = open_and_append
+    commands[command](*arguments)

@@ -734,6 +734,39 @@ def test_sole_user_refuses_while_another_process_has_the_store_open(store_path: 
     store.close()
 
 
+def _waits_for_a_lock(pid: int) -> bool:
+    """Tell whether ``pid`` waits for a file lock (a "->" line of /proc/locks)."""
+    lines = Path("/proc/locks").read_text().splitlines()
+    return any("->" in line and line.split()[5] == str(pid) for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+def test_a_process_that_waited_for_compact_opens_the_new_store(store_path: Path) -> None:
+    """An open that waited while compact held the store alone opens it once it is let go.
+
+    Compact and upgrade empty the lock table before they let go, so that no
+    waiting process trusts it; the waiting open then met EINVAL, which the
+    store took for a disk failure.
+    """
+    from sessionscope.stores.lmdb.maintenance import sole_user
+
+    with sole_user(store_path, "compact"):
+        child = spawn("open_and_append", str(store_path))
+        lines = Lines(child.stdout)  # type: ignore[arg-type]
+        assert lines.take() == "opening"
+        deadline = time.monotonic() + 30
+        while not _waits_for_a_lock(child.pid):
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.01)
+    try:
+        assert lines.take() == "appended"
+        assert child.wait(timeout=60) == 0
+    finally:
+        stop(child)
+    assert event_ids(store_path)[("late", "late", "late")] != []
+
+
 @pytest.mark.slow
 def test_compact_refuses_while_another_process_has_the_store_open(store_path: Path) -> None:
     holder = spawn("hold", str(store_path))

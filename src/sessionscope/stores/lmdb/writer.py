@@ -273,25 +273,36 @@ class Writer:
 
     def _open_plain(self, map_size: int, writemap: bool) -> Any:
         try:
-            return open_adopting(
-                str(self.path),
-                map_size=map_size,
-                max_dbs=MAX_DBS,
-                max_readers=self._max_readers,
-                max_spare_txns=16,
-                subdir=True,
-                sync=self.durability == "sync",
-                metasync=True,
-                readahead=False,
-                writemap=writemap,
-                mode=self._file_mode,
-            )
+            try:
+                return self._open_lmdb(map_size, writemap)
+            except lmdb.InvalidParameterError:
+                # An open that waited while compact or upgrade held the store
+                # alone finds the lock table it had mapped emptied
+                # (maintenance.sole_user): the files are new, and a second
+                # open reads them as they are now.
+                _log.info("opening %s again: its lock table was reset meanwhile", self.path)
+                return self._open_lmdb(map_size, writemap)
         except lmdb.InvalidError as error:
             raise IncompatibleStoreError(
                 f"{self.path} does not hold an LMDB store", hint="pick an empty directory"
             ) from error
         except (lmdb.Error, OSError) as error:
             raise open_failure(self.path, error) from error
+
+    def _open_lmdb(self, map_size: int, writemap: bool) -> Any:
+        return open_adopting(
+            str(self.path),
+            map_size=map_size,
+            max_dbs=MAX_DBS,
+            max_readers=self._max_readers,
+            max_spare_txns=16,
+            subdir=True,
+            sync=self.durability == "sync",
+            metasync=True,
+            readahead=False,
+            writemap=writemap,
+            mode=self._file_mode,
+        )
 
     def _open_databases(self, check: Callable[[Any, Databases], None] | None) -> Databases:
         """Open the named databases (creating them in a new store) in the opening transaction.
