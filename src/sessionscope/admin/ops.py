@@ -482,7 +482,8 @@ def _check_copy(directory: Path) -> CheckReport:
 def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     """Copy a live store into the new or empty directory ``dest``, then check the copy.
 
-    ``dest`` is made owner-only in a directory that must exist; a link, a
+    ``dest`` is made owner-only (an empty one given keeps its mode; the
+    files are owner-only) in a directory that must exist; a link, a
     file, a directory that holds anything, or a path inside the store's own
     directory is refused (``OutputPathError``). A copy that fails or does
     not verify is removed again (only the files this call made), with the
