@@ -18,13 +18,14 @@ native ``SessionService`` reads these sessions as events.
   (``Store.pop_events``): two processes popping never get the same item.
   The newest event is read first: one that holds no item is refused and
   left where it is.
-- ``clear_session()`` deletes the session; the next add writes it again
-  with its items in one transaction (``Store.restore_session``), so a clear
-  of another process never makes an add fail.
+- ``clear_session()`` deletes the session; the next add creates it again,
+  retrying while a clear of another process lands between its creation
+  and its items.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -50,7 +51,7 @@ from .service.core import check_app_name, check_id
 from .stores import open_store
 from .stores.memory import MemoryStore
 from .stores.protocol import Store
-from .stores.records import AppendBatch, AppendRequest, EventCopy, SessionCopy, event_copy
+from .stores.records import AppendBatch, AppendRequest, event_copy
 
 if TYPE_CHECKING:
     from agents.run_context import RunContextWrapper
@@ -70,13 +71,14 @@ _OTHER_API = (
 # What an item's record is checked under; a refusal is named again from the
 # item (``_refused``), so the path is built only then.
 _ITEM_PATH = "item"
-# How often, and how long, add_items writes its session anew and appends
-# again when the session keeps going between the two: a round fails only
-# when other processes both created the session (an add) and deleted it
-# (a clear) between this add's two calls. The count bounds the rounds on a
-# fast store, the time how long an add waits on a slow one, where each
-# call may wait for the disk or the network.
-_CREATE_TRIES = 100
+# How often, and how long, add_items creates its session and appends again
+# when a clear of another process keeps deleting it between the two (the
+# store has no append that creates a missing session in its transaction).
+# Under a clear in a tight loop most rounds lose (on LMDB the clearer waits
+# for the write lock and takes it as soon as the create lets go of it), so
+# the rounds are many: the time bounds how long an add waits, the count the
+# writes it may cost (two a round) however fast the store answers.
+_CREATE_TRIES = 10_000
 _CREATE_SECONDS = 10.0
 
 
@@ -191,17 +193,12 @@ class AgentsSession:
             if tries == _CREATE_TRIES or time.monotonic() > deadline:
                 break
             tries += 1
-            # The first add, or the first after a clear: the session is
-            # written with its items in one transaction, so that a clear
-            # cannot come between its creation and the items. When another
-            # add created it meanwhile, the items are appended to that one.
-            events = [EventCopy(i, now, r) for i, r in zip(ids, records, strict=True)]
-            try:
-                await aio.restore_session(SessionCopy(*self._key, now, now, [], events))
-            except AlreadyExistsError:
-                result = await aio.append_many(batch)
-            else:
-                return  # written (or found written whole: a call sent again)
+            # The first add, or the first after a clear: create the session
+            # (another add may have done it meanwhile) and append again; a
+            # clear landing between the two sends the round again.
+            with contextlib.suppress(AlreadyExistsError):
+                await aio.create_session(*self._key, now, [], [], [])
+            result = await aio.append_many(batch)
         if result.error is not None:
             if result.applied:
                 _log.warning(
