@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -1239,3 +1240,49 @@ def test_importing_the_redis_package_imports_no_redis_py() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_restoring_over_a_session_being_appended_to_is_a_clear_answer(
+    svc: SyncSessionService, uri: str
+) -> None:
+    """restore_session reads the stored session in several round trips; writes between them.
+
+    Each answer is one of restore_session's own: skipped as equal, or
+    AlreadyExistsError for other content. A copy read across an append
+    used to pair events with the wrong number of times (a ValueError).
+    """
+    from sessionscope.admin.dump import read_copy
+    from sessionscope.errors import AlreadyExistsError
+
+    session = svc.create_session(app_name="a", user_id="u", session_id="s")
+    for n in range(20):
+        svc.append_event(session, _stores.ev(delta={"n": n}))
+    copy = read_copy(svc.store, "a", "u", "s")
+    assert copy is not None
+    assert svc.store.restore_session(copy).result() is False
+    done = threading.Event()
+
+    def append() -> None:
+        with SyncSessionService(uri) as other:
+            live = other.get_session(app_name="a", user_id="u", session_id="s")
+            assert live is not None
+            for n in range(400):
+                if done.is_set():
+                    break
+                other.append_event_locked(live, _stores.ev(delta={"n": n}))
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    answers: set[str] = set()
+    try:
+        for _ in range(200):
+            try:
+                answers.add(str(svc.store.restore_session(copy).result()))
+            except AlreadyExistsError:
+                answers.add("conflict")
+            if not writer.is_alive():
+                break
+    finally:
+        done.set()
+        writer.join(60)
+    assert answers <= {"False", "conflict"} and "conflict" in answers

@@ -45,6 +45,8 @@ from .common import (
 )
 
 # An event time in a session's time string (see functions.lua).
+# How often a session copy is read again when a write lands between its reads.
+_COPY_TRIES = 5
 _DOUBLE = struct.Struct(">d")
 
 
@@ -380,27 +382,45 @@ class SessionPlans(PlanBase):
         raise AlreadyExistsError(f"session {sid!r} already exists with other content")
 
     def _copy_of(self, app_name: str, user_id: str, session_id: str) -> Plan[SessionCopy | None]:
-        """Return the stored session as a copy (times exact, events with their times)."""
-        loaded = yield from self.load(app_name, user_id, session_id, None, None)
-        if loaded is None:
-            return None
-        record = loaded.record
-        times = self.keys.session(app_name, user_id, session_id)[3]
-        (kind,) = yield [("TYPE", times)]
-        if kind in (b"string", "string"):
-            # Times in order: the stored positions run from the removed count on.
-            (raw,) = yield [("GETRANGE", times, 8 * record.removed_count, -1)]
-            ordered = [stamp for (stamp,) in _DOUBLE.iter_unpack(raw)]
-        else:
-            (flat,) = yield [("ZRANGE", times, 0, -1, "WITHSCORES")]
-            stamps = {int(s): float(score) for s, score in zip(flat[0::2], flat[1::2], strict=True)}
-            ordered = [stamps[seq] for seq in sorted(stamps)]
-        state = self.keys.session(app_name, user_id, session_id)[4]
-        (items,) = yield [("HGETALL", state)]
-        return SessionCopy.of_record(
-            record,
-            [(key, value) for key, value in _pairs(items)],
-            [event_copy(e, t) for e, t in zip(loaded.events, ordered, strict=True)],
+        """Return the stored session as a copy (times exact, events with their times).
+
+        What ``restore`` compares its copy with. The session, its times and
+        its state are read in separate round trips: a write between them (an
+        append, a truncation) is seen as a record that moved, and the copy is
+        read again. A session that moves at every read is not the copy,
+        which is one state of it at most: AlreadyExistsError, as for a
+        session stored with other content.
+        """
+        keys = self.keys.session(app_name, user_id, session_id)
+        for _ in range(_COPY_TRIES):
+            loaded = yield from self.load(app_name, user_id, session_id, None, None)
+            if loaded is None:
+                return None
+            record = loaded.record
+            (kind,) = yield [("TYPE", keys[3])]
+            if kind in (b"string", "string"):
+                # Times in order: the stored positions run from the removed count on.
+                (raw,) = yield [("GETRANGE", keys[3], 8 * record.removed_count, -1)]
+                ordered = [stamp for (stamp,) in _DOUBLE.iter_unpack(raw)]
+            else:
+                (flat,) = yield [("ZRANGE", keys[3], 0, -1, "WITHSCORES")]
+                pairs = zip(flat[0::2], flat[1::2], strict=True)
+                stamps = {int(s): float(score) for s, score in pairs}
+                ordered = [stamps[seq] for seq in sorted(stamps)]
+            (items,) = yield [("HGETALL", keys[4])]
+            again = yield from self.load(app_name, user_id, session_id, 0, None)
+            if (
+                again is not None
+                and again.record.marker == record.marker
+                and len(ordered) == len(loaded.events)
+            ):
+                return SessionCopy.of_record(
+                    record,
+                    [(key, value) for key, value in _pairs(items)],
+                    [event_copy(e, t) for e, t in zip(loaded.events, ordered, strict=True)],
+                )
+        raise AlreadyExistsError(
+            f"session {session_id!r} already exists and was written to while it was compared"
         )
 
     def write_app_state(self, app_name: str, items: Items) -> Plan[None]:
