@@ -320,6 +320,26 @@ def grow_until_told(path: str, limit_mb: str) -> None:
         _say(json.dumps({"map_size": store.stat()["map_size"]}))
 
 
+def grow_then_wait(path: str, grown_mb: str) -> None:
+    """Grow a deferred store from a 1 MiB map past ``grown_mb`` MiB, say "grown", wait for a
+    line on stdin, then append 200 events of 64 KiB more (growing on) and say what it has."""
+    store = LmdbStore(path, map_size=1 << 20, durability="deferred")
+    blob = "x" * (64 << 10)
+    with SyncSessionService(store) as svc:
+        session = svc.create_session(app_name="app", user_id="grower")
+        appended = 0
+        while store.stat()["map_size"] < int(grown_mb) << 20 and appended < 10_000:
+            svc.append_event(session, Event(author="g", content={"blob": blob}))
+            appended += 1
+        _say("grown")
+        sys.stdin.readline()
+        for _ in range(200):
+            svc.append_event(session, Event(author="g", content={"blob": blob}))
+            appended += 1
+        svc.flush()
+        _say(json.dumps({"appended": appended, "session": session.id}))
+
+
 def _hold_until(release: str, seconds: str) -> None:
     """Say "held", wait for the release file (or time to run out), then say which came."""
     _say("held")
@@ -471,6 +491,7 @@ COMMANDS = {
     "read_then": read_then,
     "open_many": open_many,
     "grow_until_told": grow_until_told,
+    "grow_then_wait": grow_then_wait,
     "hold_write_lock": hold_write_lock,
     "hold_store_writer_lock": hold_store_writer_lock,
     "refused_growth": refused_growth,

@@ -123,6 +123,44 @@ def test_opening_while_another_process_grows_the_map_always_works(tmp_path: Path
     assert grown["map_size"] > 64 << 20
 
 
+def test_a_deferred_store_opened_with_a_smaller_map_never_cuts_another_process_s_file(
+    tmp_path: Path,
+) -> None:
+    """LMDB sizes the data file to a writable map whenever it maps it, shrinking it too.
+
+    A process that opened (or grew) a smaller map than another's cut the
+    file under the other's reserved blocks: its next write there was a
+    SIGBUS, and pages it had written were lost. Every writable map is now
+    at least the file, made under the writers' flock.
+    """
+    path = tmp_path / "store"
+    LmdbStore(path, map_size=1 << 20, durability="deferred").close()
+    with children(tmp_path, ("grow_then_wait", str(path), "8"), stdin=True) as (grower,):
+        assert grower.readline(timeout=120) == "grown", grower.stderr()
+        before = (path / "data.mdb").stat().st_size
+        assert before >= 8 << 20
+        here = LmdbStore(path, map_size=1 << 20, durability="deferred")
+        try:
+            assert here.writemap, "this test needs a writable map (posix_fallocate)"
+            assert (path / "data.mdb").stat().st_size >= before
+            # This process writes and grows its own map too, from below the other's.
+            svc = SyncSessionService(here)
+            mine = svc.create_session(app_name="app", user_id="here")
+            for _ in range(100):
+                svc.append_event(mine, ev(content={"blob": "y" * (64 << 10)}))
+            assert grower.proc.stdin is not None
+            grower.proc.stdin.write(b"go\n")
+            grower.proc.stdin.flush()
+            done = _json_line(grower, timeout=120)
+            assert grower.proc.wait(timeout=60) == 0, grower.stderr()
+            got = svc.get_session(app_name="app", user_id="grower", session_id=done["session"])
+            assert got is not None and len(got.events) == done["appended"]
+            got = svc.get_session(app_name="app", user_id="here", session_id=mine.id)
+            assert got is not None and len(got.events) == 100
+        finally:
+            here.close()
+
+
 def test_a_foreign_database_in_use_is_refused_and_its_data_untouched(tmp_path: Path) -> None:
     path = tmp_path / "foreign"
     with children(tmp_path, ("foreign_open", str(path)), stdin=True) as (other,):

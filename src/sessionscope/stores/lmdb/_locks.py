@@ -173,11 +173,12 @@ class WriterLock:
     # that no flock ever reaches a number the OS has given to another file.
     _fd: Any
 
-    def __init__(self, lock_file: str) -> None:
+    def __init__(self, lock_file: str, fd: int | None = None) -> None:
+        """Take ``lock_file``; ``fd``, when given, is a descriptor of it this lock now owns."""
         self._threads = threading.Lock()
         self._trusted = None
         self._map = None
-        self._fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC) if fd is None else fd
         if sys.platform != "linux" or sys.maxsize <= 2**32:
             self._trusted = False
             return

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import fcntl
 import logging
 import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -118,6 +119,20 @@ def _flush_at_exit() -> None:
 atexit.register(_flush_at_exit)
 
 
+@contextlib.contextmanager
+def _writers_flock(fd: int) -> Iterator[None]:
+    """Hold the flock every writer of this library takes on lock.mdb (see ``WriterLock``).
+
+    Before the environment is open there is no ``WriterLock`` yet; its
+    descriptor is taken here first.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 class Writer:
     """A store's open environment, its transactions and its write path."""
 
@@ -153,15 +168,31 @@ class Writer:
         # Whether the warmer sleeps until a commit wakes it (see warming.py);
         # set before any transaction, since every commit reads it.
         self.warmer_idle = False
-        self.env = self._open_env(map_size)
         self.lock_path = path / "lock.mdb"
         # A str: os.stat takes it without converting a Path on every write.
         self.lock_name = str(self.lock_path)
+        # The environment is opened holding the writers' flock (see
+        # _open_env): the descriptor it is taken on becomes the writer lock's.
+        try:
+            lock_fd = os.open(
+                self.lock_name,
+                os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                file_mode,
+            )
+        except OSError as error:
+            raise open_failure(path, error) from error
+        try:
+            with _writers_flock(lock_fd):
+                self.env = self._open_env(map_size)
+        except BaseException:
+            os.close(lock_fd)
+            raise
         try:
             # Taken by every write transaction; tried without waiting from a loop.
-            self.writer_lock = _locks.WriterLock(self.lock_name)
+            self.writer_lock = _locks.WriterLock(self.lock_name, lock_fd)
         except OSError as error:
             self.env.close()
+            os.close(lock_fd)
             raise open_failure(path, error) from error
         try:
             # Slots of readers whose process died without closing the store
@@ -220,6 +251,23 @@ class Writer:
         )
         self._committer.start()
 
+    def _data_size(self) -> int:
+        """Return the data file's size: no writable map of this store may be smaller.
+
+        LMDB sizes the data file to a writable map whenever it maps it (at
+        open, on every resize), shrinking it too. Another process's map may
+        be larger, its blocks reserved and its writes already reaching past
+        this one's: a file cut under them is a SIGBUS in that process, and
+        the pages it wrote there are lost. So every writable map this store
+        makes is at least the file, and is made holding the writers' flock
+        (at open, and growing or adopting a map), under which every other
+        process of this library grows and reserves.
+        """
+        try:
+            return os.stat(self.path / "data.mdb").st_size
+        except FileNotFoundError:
+            return 0
+
     def _open_env(self, map_size: int) -> Any:
         """Open the environment: deferred stores through a writable map where it is safe.
 
@@ -236,7 +284,8 @@ class Writer:
             try:
                 # LMDB sizes the file to the map at once (sparsely): a file
                 # size limit can refuse that; the plain open below says why.
-                env = self._open_plain(map_size, writemap=True)
+                # Never below the file (see _data_size).
+                env = self._open_plain(max(map_size, self._data_size()), writemap=True)
             except StoreError as error:
                 _log.debug("mapping %s writably failed: %s", self.path, error)
                 env = None
@@ -370,7 +419,7 @@ class Writer:
             try:
                 return self.env.begin(write=write, parent=parent)
             except lmdb.MapResizedError:
-                self._adopt_map_size()
+                self._adopt_map_size(writing=write)
                 if self.released:
                     raise StoreClosedError(
                         f"the store at {self.path} is closed", hint="open it again"
@@ -382,11 +431,17 @@ class Writer:
                 _log.info("cleared %d reader slots of dead processes in %s", cleared, self.path)
                 checked_readers = True
 
-    def _adopt_map_size(self) -> None:
+    def _adopt_map_size(self, writing: bool) -> None:
         # The gate is held by the caller: leave it while the map is swapped.
+        # A writable map is swapped holding the writer lock (see _data_size),
+        # which a writing caller holds already (taken before the gate).
         self.gate.__exit__()
         try:
-            self.gate.exclusive(self._adopt_if_open)
+            if self.writemap and not writing:
+                with self.writer_lock:
+                    self.gate.exclusive(self._adopt_if_open)
+            else:
+                self.gate.exclusive(self._adopt_if_open)
         finally:
             self.gate.__enter__()
 
@@ -394,8 +449,11 @@ class Writer:
         if self.released:
             return
         seen = self.map_size
+        floor = self._data_size() if self.writemap else 0
         try:
-            self.env.set_mapsize(0)
+            # 0 adopts the size the last commit recorded; a writable map is
+            # first brought up to the file (the next begin adopts the rest).
+            self.env.set_mapsize(floor if floor > seen else 0)
         except (lmdb.Error, OverflowError) as error:
             _log.error("adopting the map another process grew for %s failed: %s", self.path, error)
             # LMDB dropped the map: map the file again, if the OS allows it.
@@ -425,17 +483,20 @@ class Writer:
         def double() -> None:
             if self.released or self.map_size != seen:
                 return  # closed (_begin says so), or grown by another writer
+            size = seen * 2
             if self.writemap:
+                # Called holding the writer lock: never below the file.
+                size = max(size, self._data_size())
                 # Blocks first: the map never reaches past what is reserved.
-                self._preallocate(seen * 2)
+                self._preallocate(size)
             try:
-                self.env.set_mapsize(seen * 2)
+                self.env.set_mapsize(size)
             except (lmdb.Error, OverflowError) as error:
                 # LMDB drops the map when the OS refuses a new one: map the
                 # store again at the size it had.
                 self._reopen(seen)
                 raise StoreError(
-                    f"growing the map of {self.path} to {seen * 2} bytes failed: {error}",
+                    f"growing the map of {self.path} to {size} bytes failed: {error}",
                     hint="the OS refused the address space (ulimit -v, overcommit settings); "
                     "the store stays usable at its current size",
                 ) from error
