@@ -1286,3 +1286,57 @@ def test_restoring_over_a_session_being_appended_to_is_a_clear_answer(
         done.set()
         writer.join(60)
     assert answers <= {"False", "conflict"} and "conflict" in answers
+
+
+@pytest.mark.parametrize("scope", ["user", "app"])
+def test_sessions_created_during_a_delete_stay_listed_and_deletable(
+    svc: SyncSessionService, uri: str, scope: str
+) -> None:
+    """delete_user and delete_app remove whole sessions; one created meanwhile stays whole.
+
+    They used to delete the user's index (and the app's directory) at the
+    end, whatever it held by then: sessions created during the call were
+    stored but listed nowhere, and no later delete or expiry found them.
+    """
+    for n in range(600):
+        svc.create_session(app_name="app", user_id="bob", session_id=f"old{n}")
+    started, done = threading.Event(), threading.Event()
+    created: list[str] = []
+
+    def create() -> None:
+        with SyncSessionService(uri) as other:
+            for n in range(3000):
+                if done.is_set():
+                    break
+                user = "bob" if scope == "user" or n % 2 else f"new{n}"
+                other.create_session(app_name="app", user_id=user, session_id=f"c{n}")
+                created.append(f"{user}/c{n}")
+                started.set()
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        assert started.wait(60)
+        if scope == "user":
+            svc.delete_user(app_name="app", user_id="bob")
+        else:
+            svc.delete_app(app_name="app")
+    finally:
+        done.set()
+        creator.join(120)
+    stored = set()
+    for name in [f"bob/old{n}" for n in range(600)] + created:
+        user, sid = name.split("/")
+        if svc.get_session(app_name="app", user_id=user, session_id=sid) is not None:
+            stored.add(name)
+    assert created and stored  # the creator went on after the delete
+    listed = {f"{m.user_id}/{m.id}" for m in svc.list_sessions(app_name="app").sessions}
+    assert listed == stored
+    assert "app" in svc.store.list_apps()
+    # What stayed is removed as any session is.
+    if scope == "user":
+        assert svc.delete_user(app_name="app", user_id="bob") == len(stored)
+    else:
+        assert svc.delete_app(app_name="app") == len(stored)
+    assert svc.list_sessions(app_name="app").sessions == []
+    assert "app" not in svc.store.list_apps()

@@ -80,20 +80,40 @@ class RetentionPlans(SessionPlans):
         return removed
 
     def delete_user(self, app_name: str, user_id: str) -> Plan[int]:
+        """Delete a user's sessions and state; a session created meanwhile stays, listed.
+
+        The sessions deleted leave the user's index one by one, and Redis
+        drops a sorted set that empties, so the index is never deleted: a
+        session created during the call keeps its entry. A create touches
+        the app's directory before and after it writes, so the directory
+        entry removed here is put back when the index lives on after the
+        removal: the removal either came before the create's last touch,
+        which adds it again, or after its index entry, which is seen.
+        """
         # App deltas this user's appends left pending still belong to the app.
         yield from self.topology.settle_user(app_name, user_id)
         removed = yield from self._delete_sessions(app_name, user_id, None)
         ustate, index, pend, counter = self.keys.user(app_name, user_id)
-        yield [
-            ("DEL", ustate, index, pend, counter),
-            ("ZREM", self.keys.app(app_name)[2], user_id),
-        ]
+        directory = self.keys.app(app_name)[2]
+        yield [("DEL", ustate, pend, counter), ("ZREM", directory, user_id)]
+        (alive,) = yield [("EXISTS", index)]
+        if alive:
+            yield [("ZINCRBY", directory, 1, user_id)]
         return removed
 
     def delete_app(self, app_name: str) -> Plan[int]:
+        """Delete an app's users and state; a user created meanwhile stays, listed.
+
+        As ``delete_user`` does for its directory entry, the app leaves the
+        list of apps and comes back when its directory lives on: a create
+        adds the app after it writes.
+        """
         removed = 0
         for user in (yield from self._users(app_name)):
             removed += yield from self.delete_user(app_name, user)
         app_state, applied, directory = self.keys.app(app_name)
-        yield [("DEL", app_state, applied, directory), ("SREM", self.keys.apps, app_name)]
+        yield [("DEL", app_state, applied), ("SREM", self.keys.apps, app_name)]
+        (alive,) = yield [("EXISTS", directory)]
+        if alive:
+            yield [("SADD", self.keys.apps, app_name)]
         return removed
