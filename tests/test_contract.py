@@ -669,6 +669,14 @@ def test_negative_num_recent_events_is_a_value_error() -> None:
         GetSessionConfig(num_recent_events=-1)
 
 
+@pytest.mark.parametrize("config", [{"num_recent_events": 2}, "last 2", 2, [2]])
+def test_a_config_of_another_kind_is_a_type_error(svc: SyncSessionService, config: object) -> None:
+    """A dict or a number given as config read as "no filter": every event came back."""
+    _session_with_events(svc, [10.0, 20.0, 30.0])
+    with pytest.raises(TypeError, match="config must be a GetSessionConfig"):
+        svc.get_session(app_name=APP, user_id=USER, session_id="s", config=config)  # type: ignore[arg-type]
+
+
 def test_after_timestamp_is_inclusive(svc: SyncSessionService) -> None:
     """after_timestamp keeps events with timestamp >= t."""
     _session_with_events(svc, [10.0, 20.0, 30.0, 40.0, 50.0])

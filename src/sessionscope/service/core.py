@@ -78,9 +78,21 @@ def read_filters(config: Any) -> tuple[int | None, float | None]:
     """Return (num_recent_events, after_timestamp) of any config-like object, checked."""
     if config is None:
         return None, None
+    recent = getattr(config, "num_recent_events", _MISSING)
+    after = getattr(config, "after_timestamp", _MISSING)
+    if recent is _MISSING and after is _MISSING:
+        # A dict or a string would otherwise read as no filter at all.
+        raise TypeError(
+            "config must be a GetSessionConfig (with num_recent_events and after_timestamp), "
+            f"not {type(config).__name__}"
+        )
     return check_filters(
-        getattr(config, "num_recent_events", None), getattr(config, "after_timestamp", None)
+        None if recent is _MISSING else recent, None if after is _MISSING else after
     )
+
+
+# What getattr gives for an attribute a config lacks (None is a value it may hold).
+_MISSING = object()
 
 
 class Model(Protocol[S, E]):
