@@ -495,3 +495,24 @@ def test_services_yaml_route(tmp_path: Path) -> None:
     finally:
         sys.path[:] = path_before
         register()
+
+
+def test_a_session_read_through_the_other_api_is_named_so(tmp_path: Path) -> None:
+    """The native service cannot build events the ADK drop-in stored: the error says why first."""
+    from sessionscope import SyncSessionService
+
+    async def write() -> None:
+        service = LmdbSessionService(str(tmp_path / "store"))
+        session = await service.create_session(app_name=APP, user_id="u", session_id="s")
+        await service.append_event(session, Event(author="agent", invocation_id="i"))
+        await service.close()
+
+    asyncio.run(write())
+    native = SyncSessionService(f"lmdb://{tmp_path / 'store'}")
+    try:
+        with pytest.raises(errors.CorruptStoreError) as caught:
+            native.get_session(app_name=APP, user_id="u", session_id="s")
+    finally:
+        native.close()
+    hint = caught.value.hint or ""
+    assert hint.startswith("a session written through one API reads through that one only")

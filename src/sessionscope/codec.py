@@ -141,9 +141,9 @@ def unreadable_event(error: Exception) -> CorruptStoreError:
     """
     return CorruptStoreError(
         f"an event record is unreadable: {type(error).__name__}: {error}".splitlines()[0],
-        hint="the store is damaged, or this session was written through the other API "
-        "(the native service and the ADK drop-in keep events in their own shapes): "
-        "restore it from a backup; `sessionscope verify` checks a store",
+        hint="a session written through one API reads through that one only (the native "
+        "service and the ADK drop-in keep events in their own shapes): read it there; "
+        "otherwise the store is damaged: `sessionscope verify` checks it, a backup restores it",
     )
 
 
