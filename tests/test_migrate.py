@@ -311,8 +311,8 @@ def test_a_session_changed_in_the_store_is_reported_not_overwritten(
     [
         ("sqlite:///{dir}/missing.db", "no existing database"),
         ("sqlite+aiosqlite:///{dir}/missing.db", "no existing database"),
-        ("memory://", "InMemorySessionService"),
-        ("nosuchdriver://x/y", "cannot open"),
+        ("memory://", "not a source migrate reads"),
+        ("nosuchdriver://x/y", "not a source migrate reads"),
         ("not a url", "source_url"),
     ],
 )

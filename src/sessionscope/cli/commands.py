@@ -844,11 +844,12 @@ def migrate_command(args: argparse.Namespace) -> int:
     """Copy sessions from google-adk's own services; exit 1 when the copies differ."""
     # Bad usage is said as such before the extra it needs is looked for.
     _check_filters(args)
-    from ..adk.migrate import migrate_from_adk, open_adk_service
+    from ..adk.migrate import check_adk_source, migrate_from_adk
 
     try:
-        # Refuse a source ADK cannot open before the target store is created.
-        open_adk_service(args.source)
+        # Refuse a source that cannot be read (not ADK's, no such file, no ADK
+        # tables) before the target store is created.
+        check_adk_source(args.source)
     except ValueError as error:
         raise UsageError(str(error)) from None
     started = time.perf_counter()
