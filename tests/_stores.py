@@ -279,6 +279,19 @@ def run_cli(
     )
 
 
+def run_cli_strict(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the command line as ``run_cli`` does, with every warning an error."""
+    return run_cli(*args, cwd=cwd, extra_env={"PYTHONWARNINGS": "error"})
+
+
+def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Assert an exit 2 with one line on stderr that says ``words``, and no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
 def ev(
     *,
     delta: dict[str, Any] | None = None,

@@ -21,24 +21,13 @@ from typing import Any
 
 import pytest
 
-from _stores import child_env, run_cli
+from _stores import child_env, refused
+from _stores import run_cli_strict as run
 from sessionscope import Event, EventActions, LmdbStore, SyncSessionService
 from sessionscope.admin.dump import export_dump
 from sessionscope.admin.outfile import OutputPathError
 
 CHILDREN = Path(__file__).with_name("_cli_children.py")
-
-
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, cwd=cwd, extra_env={"PYTHONWARNINGS": "error"})
-
-
-def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Assert an exit 2 with one line on stderr that says ``words``, and no traceback."""
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    assert done.stderr.count("\n") == 1, done.stderr
-    for word in words:
-        assert word in done.stderr, done.stderr
 
 
 def build(path: Path, sessions: int = 3, events: int = 4) -> None:

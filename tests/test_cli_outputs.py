@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import pytest
 
-from _stores import child_env, run_cli
+from _stores import child_env, refused, run_cli
+from _stores import run_cli_strict as run
 from sessionscope import Event, LmdbStore, SyncSessionService
 from sessionscope.admin.dump import export_dump
 from sessionscope.bench.replay import check_trace, open_target, replay
@@ -28,18 +29,6 @@ from sessionscope.bench.trace import FORMAT, VERSION, TraceError, check_record
 from sessionscope.cli import main
 from sessionscope.crypto.keystore import open_key_store
 from sessionscope.stores.records import ENCRYPTION_MARKER_APP
-
-
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, cwd=cwd, extra_env={"PYTHONWARNINGS": "error"})
-
-
-def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Assert an exit 2 with one line on stderr that says ``words``, and no traceback."""
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    assert done.stderr.count("\n") == 1, done.stderr
-    for word in words:
-        assert word in done.stderr, done.stderr
 
 
 def replay_into(store: Path, report: Path, *more: str) -> subprocess.CompletedProcess[str]:
