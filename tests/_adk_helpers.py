@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import socket
+import warnings
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -13,6 +15,7 @@ from google.adk.events.event_actions import EventCompaction
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
+from google.adk.sessions.sqlite_session_service import SqliteSessionService
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
@@ -211,3 +214,16 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def sqlite_service(path: str) -> SqliteSessionService:
+    """Open ADK's SqliteSessionService without its leaked schema-check connection's warning.
+
+    Its constructor leaves a sqlite3 connection to the garbage collector,
+    which Python 3.13 reports as a ResourceWarning (an error in this suite).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        service = SqliteSessionService(db_path=path)
+        gc.collect()
+    return service

@@ -74,12 +74,12 @@ def test_import_stats_and_verify_name_the_store_without_its_password(
 
 def test_migrate_names_its_target_without_its_password(locked: RedisServer, tmp_path: Path) -> None:
     pytest.importorskip("google.adk")
-    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+    from _adk_helpers import sqlite_service
 
     database = tmp_path / "adk.db"
 
     async def fill() -> None:
-        adk = SqliteSessionService(str(database))
+        adk = sqlite_service(str(database))
         await adk.create_session(app_name="app", user_id="ada", state={"user:name": "Ada"})
 
     asyncio.run(fill())

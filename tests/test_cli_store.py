@@ -921,11 +921,12 @@ def _adk_sqlite_store(path: Path) -> None:
 
     from google.adk.events import Event as AdkEvent
     from google.adk.events import EventActions as AdkActions
-    from google.adk.sessions.sqlite_session_service import SqliteSessionService
     from google.genai import types
 
+    from _adk_helpers import sqlite_service
+
     async def fill() -> None:
-        service = SqliteSessionService(str(path))
+        service = sqlite_service(str(path))
         for user in ("ada", "bob"):
             state = {"app:plan": "gold", "user:name": user, "topic": "shoes"}
             session = await service.create_session(app_name="shop", user_id=user, state=state)

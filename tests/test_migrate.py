@@ -8,13 +8,11 @@ drop-in service) and compared field by field.
 from __future__ import annotations
 
 import asyncio
-import gc
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +23,10 @@ pytest.importorskip("google.adk")
 from google.adk.events import Event, EventActions
 from google.adk.sessions import BaseSessionService
 from google.adk.sessions.database_session_service import DatabaseSessionService
-from google.adk.sessions.sqlite_session_service import SqliteSessionService
 from google.genai import types
 
 import _stores
-from _adk_helpers import realistic_event, rich_event
+from _adk_helpers import realistic_event, rich_event, sqlite_service
 from _stores import StoreFactory
 from sessionscope import LmdbStore
 from sessionscope.adk import _AdkService
@@ -133,7 +130,7 @@ def adk_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
 
     async def build() -> dict[str, tuple[Path, int]]:
         sqlite_path = base / "sqlite.db"
-        sqlite = _sqlite_service(str(sqlite_path))
+        sqlite = sqlite_service(str(sqlite_path))
         sqlite_events = await _fill(sqlite)
         await sqlite.close()
         database_path = base / "database.db"
@@ -162,20 +159,7 @@ def _source(adk_sources: dict[str, tuple[Path, int]], kind: str, tmp_path: Path)
 def _open_source(url: str) -> BaseSessionService:
     if url.startswith("sqlite+aiosqlite"):
         return DatabaseSessionService(db_url=url)
-    return _sqlite_service(url.removeprefix("sqlite:///"))
-
-
-def _sqlite_service(path: str) -> SqliteSessionService:
-    """Open ADK's SqliteSessionService without its leaked schema-check connection's warning.
-
-    Its constructor leaves a sqlite3 connection to the garbage collector,
-    which Python 3.13 reports as a ResourceWarning (an error in this suite).
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        service = SqliteSessionService(db_path=path)
-        gc.collect()
-    return service
+    return sqlite_service(url.removeprefix("sqlite:///"))
 
 
 def _target(store: Any) -> Any:

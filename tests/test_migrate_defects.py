@@ -23,9 +23,9 @@ pytest.importorskip("google.adk")
 
 from google.adk.events import Event, EventActions
 from google.adk.sessions.database_session_service import DatabaseSessionService
-from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
 import _stores
+from _adk_helpers import sqlite_service
 from sessionscope import LmdbStore, MemoryStore
 from sessionscope.adk import migrate as migrate_module
 from sessionscope.adk.migrate import migrate_from_adk
@@ -39,7 +39,7 @@ Filler = Callable[[Any], Awaitable[None]]
 
 def _sqlite_source(path: Path, fill: Filler) -> str:
     async def build() -> None:
-        service = SqliteSessionService(str(path))
+        service = sqlite_service(str(path))
         await fill(service)
         await service.close()
 
@@ -211,7 +211,7 @@ def test_a_source_changed_after_the_check_says_what_was_stored(
     async def check_then_change(*args: Any) -> None:
         await checked(*args)
         # Another writer puts a value the store cannot hold into session b.
-        service = SqliteSessionService(str(path))
+        service = sqlite_service(str(path))
         session = await service.get_session(app_name="app", user_id="u", session_id="b")
         assert session is not None
         delta = EventActions(state_delta={"big": 2**70})
