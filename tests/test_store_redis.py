@@ -418,7 +418,7 @@ def test_a_store_of_format_1_is_read_and_written_with_sorted_sets(
 
 def test_ttl_expires_an_idle_session_whole_and_keeps_shared_maps_longer(server: Any) -> None:
     prefix = f"ttl{uuid.uuid4().hex}"
-    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=2") as svc:
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=4") as svc:
         s = svc.create_session(
             app_name=APP, user_id=USER, session_id="s", state={"app:a": 1, "user:u": 1}
         )
@@ -433,10 +433,10 @@ def test_ttl_expires_an_idle_session_whole_and_keeps_shared_maps_longer(server: 
             format_ttl = client.ttl(prefix + ":format")
         finally:
             client.close()
-        assert len(session) == 3 and all(0 < t <= 2000 for t in session)
+        assert len(session) == 3 and all(0 < t <= 4000 for t in session)
         assert len(shared) == 3 and min(shared) >= max(session)
         assert format_ttl == -1
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while svc.get_session(app_name=APP, user_id=USER, session_id="s") is not None:
             assert time.monotonic() < deadline, "the session did not expire"
             time.sleep(0.2)
@@ -446,11 +446,16 @@ def test_ttl_expires_an_idle_session_whole_and_keeps_shared_maps_longer(server: 
 
 
 def test_an_append_refreshes_the_ttl(server: Any) -> None:
+    """Appends 2 s apart keep a session of a 6 s TTL for 8 s.
+
+    The margin (4 s between an append and the expiry it pushes back) is
+    wide, so that a loaded machine does not expire the session between two.
+    """
     prefix = f"ttl{uuid.uuid4().hex}"
-    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=3") as svc:
+    with SyncSessionService(f"{server.url}?prefix={prefix}&ttl=6") as svc:
         s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
         for _ in range(4):
-            time.sleep(1.0)
+            time.sleep(2.0)
             svc.append_event(s, ev())
         got = svc.get_session(app_name=APP, user_id=USER, session_id="s")
         assert got is not None and len(got.events) == 4
