@@ -516,3 +516,31 @@ def test_a_session_read_through_the_other_api_is_named_so(tmp_path: Path) -> Non
         native.close()
     hint = caught.value.hint or ""
     assert hint.startswith("a session written through one API reads through that one only")
+
+
+def test_two_tasks_appending_through_one_live_session_both_land(
+    make_service: Callable[[], Any],
+) -> None:
+    """ADK's live mode appends from a send task and the receive loop through one session.
+
+    ADK's own services take both appends; so do these, in call order, and the
+    live session holds both events and both deltas.
+    """
+
+    async def main() -> None:
+        service = make_service()
+        session = await service.create_session(app_name=APP, user_id="u", session_id="live")
+        sent = Event(author="user", invocation_id="i", actions=EventActions(state_delta={"x": 1}))
+        answer = Event(
+            author="model", invocation_id="i", actions=EventActions(state_delta={"y": 2})
+        )
+        got = await asyncio.gather(
+            service.append_event(session, sent), service.append_event(session, answer)
+        )
+        assert got == [sent, answer]
+        stored = await service.get_session(app_name=APP, user_id="u", session_id="live")
+        assert [e.id for e in stored.events] == [sent.id, answer.id]
+        assert stored.state == {"x": 1, "y": 2} == session.state
+        assert [e.id for e in session.events] == [sent.id, answer.id]
+
+    run(main())

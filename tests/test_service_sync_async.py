@@ -404,3 +404,63 @@ def test_both_facades_share_one_store(store_factory: StoreFactory) -> None:
         assert (await _stored(async_svc, "s")) == got
 
     run(main())
+
+
+def test_appends_in_flight_on_one_live_session_all_land_in_call_order(
+    asvc: SessionService,
+) -> None:
+    """Two tasks appending through one current session object: neither is stale.
+
+    The object is the only copy; each append lands on top of the one before
+    it, in the order they were called, and the object ends with them all.
+    """
+
+    async def main() -> None:
+        s = await asvc.create_session(app_name=APP, user_id=USER, session_id="one-object")
+        events = [ev(delta={f"k{i}": i}, content={"i": i}) for i in range(6)]
+        locked = {2, 5}  # a locked append waits its turn as well
+        got = await asyncio.gather(
+            *(
+                (asvc.append_event_locked if i in locked else asvc.append_event)(s, e)
+                for i, e in enumerate(events)
+            )
+        )
+        assert got == events
+        assert [e.content["i"] for e in s.events] == list(range(6))
+        stored = await _stored(asvc, "one-object")
+        assert [e.content["i"] for e in stored.events] == list(range(6))
+        assert {k: stored.state[k] for k in stored.state if k.startswith("k")} == {
+            f"k{i}": i for i in range(6)
+        }
+        assert stored.revision == s.revision
+        # A stale copy is still refused: the turns are per object, not per session.
+        copy = clone(stored)
+        await asvc.append_event(s, ev(content={"i": 6}))
+        with pytest.raises(StaleSessionError):
+            await asvc.append_event(copy, ev(content={"i": 7}))
+
+    run(main())
+
+
+def test_an_append_cancelled_while_waiting_its_turn_leaves_the_others_going(
+    asvc: SessionService,
+) -> None:
+    async def main() -> None:
+        s = await asvc.create_session(app_name=APP, user_id=USER, session_id="cancelled-turn")
+        first = asyncio.ensure_future(asvc.append_event(s, ev(content={"i": 0})))
+        waiting = asyncio.ensure_future(asvc.append_event(s, ev(content={"i": 1})))
+        last = asyncio.ensure_future(asvc.append_event(s, ev(content={"i": 2})))
+        await asyncio.sleep(0)  # all three have started; the later two wait
+        waiting.cancel()
+        await asyncio.gather(first, last, return_exceptions=True)
+        assert first.exception() is None and last.exception() is None
+        stored = await _stored(asvc, "cancelled-turn")
+        contents = [e.content["i"] for e in stored.events]
+        # The cancelled one either never ran, or ran whole before the last.
+        assert contents in ([0, 2], [0, 1, 2])
+        assert [e.content["i"] for e in s.events] == contents
+        # Nothing is left waiting: a later append goes straight through.
+        await asvc.append_event(s, ev(content={"i": 3}))
+        assert len((await _stored(asvc, "cancelled-turn")).events) == len(contents) + 1
+
+    run(main())

@@ -147,6 +147,7 @@ class _AdkService(AsyncSessions[Session, Event], BaseSessionService):
     def __init__(self, store: Store) -> None:
         self.store = store
         self._core = ServiceCore(AdkModel())
+        self._turns = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r})"

@@ -9,7 +9,9 @@ The core never learns which store it has.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
@@ -70,6 +72,17 @@ def _resolve_store(store: Store | str | None) -> Store:
     return store
 
 
+class _Turns:
+    """The appends waiting for their turn on one live session object, first come first served."""
+
+    __slots__ = ("session", "waiting")
+
+    def __init__(self, session: object) -> None:
+        # Held, so that no other object takes its id while appends wait on it.
+        self.session = session
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+
 class AsyncSessions(Generic[S, E]):
     """The async facade over a ServiceCore: what SessionService and the ADK drop-in share.
 
@@ -79,6 +92,8 @@ class AsyncSessions(Generic[S, E]):
 
     store: Store
     _core: ServiceCore[S, E]
+    # Per live session object (by id) with an append in flight: those waiting behind it.
+    _turns: dict[int, _Turns]
 
     def _raise(self, error: SessionscopeError) -> NoReturn:
         """Raise one of sessionscope's errors as callers of this facade expect it."""
@@ -132,6 +147,45 @@ class AsyncSessions(Generic[S, E]):
         return await self._append(session, event, locked=True)
 
     async def _append(self, session: S, event: E, locked: bool) -> E:
+        # One append at a time per live session object. Each is prepared with
+        # the revision the object holds, and brings it forward when it lands:
+        # a second append prepared while the first is in flight would carry the
+        # revision the first moves past, and be refused as stale though the
+        # object is the only copy (ADK's live mode appends from two tasks).
+        key = id(session)
+        turns = self._turns.get(key)
+        if turns is None:
+            self._turns[key] = turns = _Turns(session)
+        else:
+            await self._wait_turn(key, turns)
+        try:
+            return await self._append_now(session, event, locked)
+        finally:
+            self._next_turn(key, turns)
+
+    async def _wait_turn(self, key: int, turns: _Turns) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turns.waiting.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                # Cancelled as the turn came: hand it on to the next.
+                self._next_turn(key, turns)
+            else:
+                with suppress(ValueError):
+                    turns.waiting.remove(waiter)
+            raise
+
+    def _next_turn(self, key: int, turns: _Turns) -> None:
+        while turns.waiting:
+            waiter = turns.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        del self._turns[key]
+
+    async def _append_now(self, session: S, event: E, locked: bool) -> E:
         prepared = self._core.prepare_append(session, event, locked)
         if prepared is None:
             return event
@@ -226,6 +280,7 @@ class SessionService(AsyncSessions[Session, Event]):
     def __init__(self, store: Store | str | None = None) -> None:
         self.store = _resolve_store(store)
         self._core = ServiceCore(NativeModel())
+        self._turns = {}
 
     def __repr__(self) -> str:
         return f"SessionService({self.store!r})"
