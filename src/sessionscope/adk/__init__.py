@@ -18,6 +18,7 @@ something imports it: a ``services.py`` in the agents directory holding
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from typing import Any, NoReturn
 
@@ -42,6 +43,8 @@ from ..stores.records import SessionRecord
 from ..stores.uri import REDIS_SCHEMES, scheme_of
 from .codec import decode_events, encode_event
 from .migrate import MigrationReport, migrate_from_adk
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "AdkModel",
@@ -166,12 +169,26 @@ class _AdkService(AsyncSessions[Session, Event], BaseSessionService):
         aio = self.store.aio
         records = await aio.list_sessions(*self._core.check_owner(app_name, user_id))
         sessions = []
+        erased = 0
         for record in records:
-            loaded = await aio.load_session(
-                record.app_name, record.user_id, record.session_id, 0, None
-            )
+            try:
+                loaded = await aio.load_session(
+                    record.app_name, record.user_id, record.session_id, 0, None
+                )
+            except errors.KeyErasedError:
+                # Sealed under an erased key (a restored backup or dump of an
+                # erased user): nobody can read it, and everyone else still lists.
+                erased += 1
+                continue
             if loaded is not None:  # deleted meanwhile
                 sessions.append(self._core.finish_load(loaded))
+        if erased:
+            _log.warning(
+                "list_sessions of app %r left out %d session(s) sealed under erased keys; "
+                "delete_user or delete_app removes what is left of them",
+                app_name[:100],
+                erased,
+            )
         # The records may have moved on since the listing: order by what was read.
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
