@@ -272,6 +272,31 @@ def test_a_read_missing_the_record_or_the_times_is_corrupt(
         client.close()
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("c", b"1795830359/6948657"), ("u", b"soon"), ("sid", b"\xff\xfe")],
+    ids=["create-time", "update-time", "session-id"],
+)
+def test_a_damaged_field_of_the_record_is_corrupt_naming_the_session(
+    shared_server: tuple[str, Any], field: str, value: bytes
+) -> None:
+    kind, server = shared_server
+    prefix = f"r{uuid.uuid4().hex}"
+    svc = _session_with_events(f"{server.url}?prefix={prefix}")
+    client = _raw_client(kind, server)
+    try:
+        (record,) = _keys(client, prefix, b"r:")
+        client.hset(record, field, value)
+        for read in (_get, _aget):
+            with pytest.raises(CorruptStoreError, match=r"the record of session .* is unreadable"):
+                read(svc)
+        with pytest.raises(CorruptStoreError):
+            svc.list_sessions(app_name=APP, user_id=USER)
+    finally:
+        svc.close()
+        client.close()
+
+
 def test_a_read_missing_the_state_its_record_names_is_corrupt(
     shared_server: tuple[str, Any],
 ) -> None:

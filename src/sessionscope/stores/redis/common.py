@@ -81,18 +81,27 @@ def _raw_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
 
 
 def _record(fields: list[Any]) -> SessionRecord:
+    """Return a session record hash's fields as a record; a damaged one is a CorruptStoreError."""
     app, user, sid, number, created, updated, count, last, removed = fields
-    return SessionRecord(
-        app.decode(),
-        user.decode(),
-        sid.decode(),
-        int(number),
-        float(created),
-        float(updated),
-        int(count),
-        _text(last),
-        int(removed or 0),
-    )
+    try:
+        return SessionRecord(
+            app.decode(),
+            user.decode(),
+            sid.decode(),
+            int(number),
+            float(created),
+            float(updated),
+            int(count),
+            _text(last),
+            int(removed or 0),
+        )
+    except (AttributeError, TypeError, ValueError) as error:  # UnicodeDecodeError included
+        whose = "/".join(repr(part)[:100] for part in (app, user, sid))
+        raise CorruptStoreError(
+            f"the record of session {whose} is unreadable ({type(error).__name__})",
+            hint="it was altered outside sessionscope: delete the session or restore it "
+            "from a copy",
+        ) from error
 
 
 def _index_range(index: bytes, low: str, count: int) -> Command:
