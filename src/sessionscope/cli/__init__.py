@@ -293,6 +293,12 @@ def _store_commands(commands: Any) -> None:
     export.add_argument(
         "--format", choices=("dump", "trace"), default="dump", help="dump (default) or trace"
     )
+    export.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="let --format trace write an encrypted store's values in clear (a dump keeps "
+        "them sealed)",
+    )
 
     imp = add(
         "import",

@@ -473,13 +473,16 @@ def verify(args: argparse.Namespace) -> int:
     try:
         store = open_uri(args.uri)
     except UsageError as error:
-        # A path that holds a store file refused at open is a finding, not bad
-        # usage; an encrypted store opened without its key is bad usage.
+        # A store file refused at open is a finding, not bad usage (open_uri
+        # chains the store's error); an encrypted store opened without its key,
+        # and a bad option or key source (nothing chained), are bad usage.
         path = lmdb_path(args.uri)
+        cause = error.__cause__
         if (
             path is None
             or not (path / "data.mdb").is_file()
-            or isinstance(error.__cause__, EncryptedStoreError)
+            or cause is None
+            or isinstance(cause, EncryptedStoreError)
         ):
             raise
         return _verify_report(args, _refused(error))
@@ -661,6 +664,13 @@ def export_command(args: argparse.Namespace) -> int:
         from ..bench.trace import export_trace
 
         with opened(args.uri) as store:
+            if getattr(store, "raw", store) is not store and not args.plaintext:
+                # A trace is the store's values opened: a copy no erasure reaches.
+                raise UsageError(
+                    "a trace of an encrypted store holds its values in clear, out of reach "
+                    "of erasure: pass --plaintext to write it anyway, or export a dump, "
+                    "which keeps them sealed"
+                )
             count = export_trace(store, args.app, out, user_id=args.user)
         document = {"format": "trace", "out": str(out), "calls": count}
         _emit(args, document, lambda: f"wrote {count:,} calls to {out}")

@@ -220,6 +220,9 @@ class Keyring:
 
     def _check_kek(self, kek_id: str) -> None:
         if kek_id != self._kek.key_id:
+            meta = read_meta(self._keys) or {}
+            if kek_id not in (meta.get("kek"), meta.get("next"), meta.get("previous")):
+                raise _foreign(self._keys, kek_id)
             raise EncryptionKeyError(
                 f"a data key of {self._keys.where} is wrapped under key id {kek_id}, "
                 f"not under {self._kek.key_id} ({self._kek.source})",
@@ -284,10 +287,14 @@ def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
     if meta.get("kek") != new.key_id:
         _set_meta(keys, {**meta, "kek": old.key_id, "next": new.key_id})
     rewrapped = 0
+    # Key ids of records wrapped under neither key: altered, never skipped in silence.
+    foreign: list[str] = []
     for scope, raw in keys.items(SCOPES):
         while True:
             kek_id, current, wrapped = _parse(keys, raw)
             if kek_id != old.key_id:
+                if kek_id != new.key_id:
+                    foreign.append(kek_id)
                 break
             moved = []
             for key_id, blob in wrapped:
@@ -303,6 +310,10 @@ def rotate_kek(keys: KeyBackend, old: Kek, new: Kek) -> int:
             if again is None:  # erased meanwhile
                 break
             raw = again
+    if foreign:
+        # The rotation stays unfinished: the old key is still needed for
+        # nothing, but a record no key opens must not pass for re-wrapped.
+        raise _foreign(keys, foreign[0], len(foreign))
     final = read_meta(keys) or meta
     done = {"kek": new.key_id, "previous": old.key_id}
     _set_meta(keys, {key: value for key, value in final.items() if key != "next"} | done)
@@ -338,6 +349,18 @@ def _check_done(keys: KeyBackend, meta: dict[str, Any], old: Kek, new: Kek) -> N
         f"{given} {wrong}",
         hint="the rotation is done; to catch records written under the old key meanwhile, "
         "give the key the store was rotated from as the old key",
+    )
+
+
+def _foreign(keys: KeyBackend, kek_id: object, count: int = 1) -> CorruptStoreError:
+    """Return the error of data-key records that name a key-encryption key the store never had."""
+    records = "a data-key record" if count == 1 else f"{count:,} data-key records"
+    names = "names" if count == 1 else "name (the first)"
+    return CorruptStoreError(
+        f"{records} of {keys.where} {names} key id {str(kek_id)[:64]!r}, none of the store's "
+        "key-encryption keys: altered outside sessionscope",
+        hint="the data of the users or apps whose keys these are cannot be read; restore the "
+        "key store from a copy of it, or erase those users or apps",
     )
 
 

@@ -524,7 +524,13 @@ class EncryptedStore:
         return opened
 
     def _open_event(self, app: str, user: str, session: str, data: bytes, scope: bytes) -> bytes:
-        fields = decode_event(data)
+        try:
+            fields = decode_event(data)
+        except CorruptStoreError as error:
+            # Its id is inside what does not decode: the session names it.
+            raise CorruptStoreError(
+                f"an event of session {_name(app, user, session)} is unreadable ({error.__cause__})"
+            ) from error
         try:
             sealed = fields["sealed"]
             where = place("e", app, user, session, fields["id"], fields["timestamp"])
