@@ -72,17 +72,6 @@ def _resolve_store(store: Store | str | None) -> Store:
     return store
 
 
-class _Turns:
-    """The appends waiting for their turn on one live session object, first come first served."""
-
-    __slots__ = ("session", "waiting")
-
-    def __init__(self, session: object) -> None:
-        # Held, so that no other object takes its id while appends wait on it.
-        self.session = session
-        self.waiting: deque[asyncio.Future[None]] = deque()
-
-
 class AsyncSessions(Generic[S, E]):
     """The async facade over a ServiceCore: what SessionService and the ADK drop-in share.
 
@@ -92,8 +81,10 @@ class AsyncSessions(Generic[S, E]):
 
     store: Store
     _core: ServiceCore[S, E]
-    # Per live session object (by id) with an append in flight: those waiting behind it.
-    _turns: dict[int, _Turns]
+    # Per live session object (by id) with an append in flight: the appends
+    # waiting behind it (None: none). The in-flight append holds the object,
+    # so no other object takes its id while its entry is here.
+    _turns: dict[int, deque[asyncio.Future[None]] | None]
 
     def _raise(self, error: SessionscopeError) -> NoReturn:
         """Raise one of sessionscope's errors as callers of this facade expect it."""
@@ -153,61 +144,67 @@ class AsyncSessions(Generic[S, E]):
         # revision the first moves past, and be refused as stale though the
         # object is the only copy (ADK's live mode appends from two tasks).
         key = id(session)
-        turns = self._turns.get(key)
-        if turns is None:
-            self._turns[key] = turns = _Turns(session)
+        turns = self._turns
+        if key in turns:
+            await self._wait_turn(key)
         else:
-            await self._wait_turn(key, turns)
+            turns[key] = None
         try:
-            return await self._append_now(session, event, locked)
+            prepared = self._core.prepare_append(session, event, locked)
+            if prepared is None:
+                return event
+            completion = self.store.aio.append(prepared)
+            try:
+                result = await completion
+            except asyncio.CancelledError:
+                # The write was queued and will land or fail all the same: wait
+                # for it, so the live session matches the store, then cancel.
+                try:
+                    result = await completion
+                except BaseException:
+                    self._core.abandon_append(event, prepared)
+                    raise
+                self._core.finish_append(session, event, prepared, result)
+                raise
+            except BaseException as error:
+                self._core.abandon_append(event, prepared)
+                if isinstance(error, SessionscopeError):
+                    self._raise(error)
+                raise
+            return self._core.finish_append(session, event, prepared, result)
         finally:
-            self._next_turn(key, turns)
+            if turns[key] is None:
+                del turns[key]
+            else:
+                self._next_turn(key)
 
-    async def _wait_turn(self, key: int, turns: _Turns) -> None:
+    async def _wait_turn(self, key: int) -> None:
+        """Wait until the appends before this one on the same live object are done."""
+        waiting = self._turns[key]
+        if waiting is None:
+            waiting = self._turns[key] = deque()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        turns.waiting.append(waiter)
+        waiting.append(waiter)
         try:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled():
                 # Cancelled as the turn came: hand it on to the next.
-                self._next_turn(key, turns)
+                self._next_turn(key)
             else:
                 with suppress(ValueError):
-                    turns.waiting.remove(waiter)
+                    waiting.remove(waiter)
             raise
 
-    def _next_turn(self, key: int, turns: _Turns) -> None:
-        while turns.waiting:
-            waiter = turns.waiting.popleft()
+    def _next_turn(self, key: int) -> None:
+        """Give the turn to the first append still waiting on the object, or free its entry."""
+        waiting = self._turns[key]
+        while waiting:
+            waiter = waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
         del self._turns[key]
-
-    async def _append_now(self, session: S, event: E, locked: bool) -> E:
-        prepared = self._core.prepare_append(session, event, locked)
-        if prepared is None:
-            return event
-        completion = self.store.aio.append(prepared)
-        try:
-            result = await completion
-        except asyncio.CancelledError:
-            # The write was queued and will land or fail all the same: wait
-            # for it, so the live session matches the store, then cancel.
-            try:
-                result = await completion
-            except BaseException:
-                self._core.abandon_append(event, prepared)
-                raise
-            self._core.finish_append(session, event, prepared, result)
-            raise
-        except BaseException as error:
-            self._core.abandon_append(event, prepared)
-            if isinstance(error, SessionscopeError):
-                self._raise(error)
-            raise
-        return self._core.finish_append(session, event, prepared, result)
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix; {} when none."""
