@@ -278,6 +278,15 @@ def read_then(path: str, sid: str, how: str) -> None:
     store._writer.read(inside)
 
 
+def hold_open(path: str) -> None:
+    """Open (or create) the store without a key, say "open", and close it at a line on stdin."""
+    store = LmdbStore(path)
+    _say("open")
+    sys.stdin.readline()
+    store.close()
+    _say("closed")
+
+
 def open_many(path: str, seconds: str) -> None:
     """Open, read and close the store again and again; report every failure."""
     from sessionscope.errors import StoreError
@@ -490,6 +499,7 @@ def append_under_interrupts(path: str, durability: str, seconds: str) -> None:
 COMMANDS = {
     "read_then": read_then,
     "open_many": open_many,
+    "hold_open": hold_open,
     "grow_until_told": grow_until_told,
     "grow_then_wait": grow_then_wait,
     "hold_write_lock": hold_write_lock,

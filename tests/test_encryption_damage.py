@@ -1,9 +1,10 @@
 """Damage an encrypted store can meet, and mistakes an operator can make with one.
 
 A key store record altered outside sessionscope, an event whose sealed
-framing is damaged, a trace export that would write values in clear, and
-`verify` given a bad option: each is named for what it is, on real LMDB
-files and a real redis-server.
+framing is damaged, an erased user restored from a dump, a trace export
+that would write values in clear, `verify` given a bad option, and a store
+another process holds without a key: each is named or refused for what it
+is, on real LMDB files, real processes and a real redis-server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from _stores import run_cli
 from sessionscope import SyncSessionService
 from sessionscope.codec import pack, unpack
-from sessionscope.errors import CorruptStoreError, EncryptionKeyError
+from sessionscope.errors import CorruptStoreError, EncryptionKeyError, IncompatibleStoreError
 
 pytest.importorskip("cryptography")
 
@@ -202,3 +203,53 @@ def test_an_adk_listing_leaves_out_an_erased_user_restored_from_a_dump(
         assert asyncio.run(listed()) == ["bob"]
     assert "left out 1 session(s) sealed under erased keys" in caplog.text
     copy.close()
+
+
+def test_a_store_another_process_opened_without_a_key_is_not_made_encrypted(
+    tmp_path: Path,
+) -> None:
+    """That process would write plaintext into it, and read sealed values as data."""
+    from _children import Child
+
+    place = Place("lmdb", tmp_path)
+    plain = Child(tmp_path, "hold_open", str(tmp_path / "store"), stdin=True)
+    try:
+        plain.expect("open")
+        before = (tmp_path / "store" / "data.mdb").read_bytes()
+        with pytest.raises(IncompatibleStoreError, match="opened without encryption elsewhere"):
+            place.open()
+        assert (tmp_path / "store" / "data.mdb").read_bytes() == before
+        assert not (tmp_path / "keys").exists()
+        plain.send("close")
+        plain.expect("closed")
+        plain.wait_ok()
+    finally:
+        plain.reap()
+    # Closed everywhere and still empty: the key's open makes it encrypted.
+    store = place.open()
+    try:
+        fill(store)
+        assert readable(store, "ada")
+    finally:
+        store.close()
+
+
+def test_a_redis_store_this_open_did_not_create_is_not_made_encrypted(tmp_path: Path) -> None:
+    """A Redis server does not tell its clients apart: one that created the store may hold it."""
+    from sessionscope.stores import open_store
+
+    place = Place("redis", tmp_path)
+    open_store(place.uri()).close()  # another client created it, with no key
+    with pytest.raises(IncompatibleStoreError, match="opened without encryption elsewhere"):
+        place.open()
+    # A store the key's own open creates is encrypted, and opens again with it.
+    fresh = place.open("fresh")
+    try:
+        fill(fresh)
+    finally:
+        fresh.close()
+    again = place.open("fresh")
+    try:
+        assert readable(again, "bob")
+    finally:
+        again.close()

@@ -185,7 +185,9 @@ def open_encrypted(
 
     A wrong or missing KEK, a key store other than the one the data names,
     and data written without encryption are refused (``inner`` is left as it
-    was, and is not closed: the caller closes it). ``kek``, if given, is
+    was, and is not closed: the caller closes it); so is a store without
+    data that another process may have open (``Store.opened_elsewhere``):
+    it would write plaintext into a store marked encrypted. ``kek``, if given, is
     the key ``checked_kek`` returned (a key from a callable is asked once).
     """
     if kek is None:
@@ -197,6 +199,15 @@ def open_encrypted(
             "this store holds data written without encryption: it cannot be opened encrypted",
             hint="open it without a key, or export it and import the dump into a new "
             "encrypted store",
+        )
+    if not marker and inner.opened_elsewhere():
+        # Opened there without a key, it would go on writing plaintext into a
+        # store marked encrypted, and read sealed values as if they were data.
+        raise IncompatibleStoreError(
+            "this store holds no data yet, but was opened without encryption elsewhere "
+            "(another process, or a Redis client): it cannot be made encrypted now",
+            hint="open it without a key; or close it everywhere (for Redis: delete its keys) "
+            "and open it with the key first",
         )
     keys = open_key_store(location, create=create and not marker)
     try:
@@ -306,6 +317,10 @@ class EncryptedStore:
     def keyring(self) -> Keyring:
         """Return the data keys of this store."""
         return self._keyring
+
+    def opened_elsewhere(self) -> bool:
+        """Tell whether another process may have the store below open."""
+        return self._inner.opened_elsewhere()
 
     @property
     def kept_bytes(self) -> int:

@@ -81,6 +81,10 @@ class MemoryStore:
         if self._expirer is not None:
             self._expirer.start()
 
+    def opened_elsewhere(self) -> bool:
+        """Tell whether another process may have this store open: never, it is this one's memory."""
+        return False
+
     def __repr__(self) -> str:
         return "MemoryStore()"
 

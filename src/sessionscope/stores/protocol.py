@@ -37,6 +37,17 @@ class Store(Protocol):
         """Return the async face of this store, the one ``SessionService`` awaits."""
         ...
 
+    def opened_elsewhere(self) -> bool:
+        """Tell whether another process may have had this store open as this one opened it.
+
+        An LMDB store asked its lock file then; a Redis store, whose clients
+        the server does not tell apart, answers True unless this open
+        created it. ``sessionscope.crypto.open_encrypted`` marks a store without
+        data as encrypted only when nobody else may have it open without a
+        key, writing plaintext into it.
+        """
+        ...
+
     def create_session(
         self,
         app_name: str,
@@ -358,7 +369,8 @@ class AsyncStore(Protocol):
         ...
 
 
-# The methods of ``Store`` (``aio`` apart), each face's in this order.
+# The methods of ``Store`` (``aio`` and ``opened_elsewhere``, which answers what
+# the open learned, apart), each face's in this order.
 STORE_METHODS: tuple[str, ...] = (
     "create_session",
     "load_session",

@@ -87,6 +87,7 @@ from .opening import (
     DEFAULT_MAP_SIZE,
     check_options,
     check_store_files,
+    in_use,
     open_failure,
     path_uri,
     probe,
@@ -171,6 +172,7 @@ class LmdbStore:
             probe(self.path, verify)
         except OSError as error:  # a directory that cannot be listed or read
             raise open_failure(self.path, error) from error
+        self._opened_elsewhere = in_use(self.path / "lock.mdb")
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
             try:
@@ -195,6 +197,15 @@ class LmdbStore:
 
     def __repr__(self) -> str:
         return f"LmdbStore({str(self.path)!r}, durability={self.durability!r})"
+
+    def opened_elsewhere(self) -> bool:
+        """Tell whether another process had this store open as this one opened it.
+
+        Asked of the lock file before LMDB opened it here: asked later, the
+        question's own descriptor, once closed, would drop this process's
+        locks on the file (see ``Store.opened_elsewhere``).
+        """
+        return self._opened_elsewhere
 
     @property
     def uri(self) -> str:

@@ -446,8 +446,11 @@ class SessionPlans(PlanBase):
         (reply,) = yield [("HGETALL", self.keys.user(app_name, user_id)[0])]
         return decode_values(_pairs(reply))
 
-    def check_format(self, create: bool = True) -> Plan[None]:
-        """Check the store's format record; write it first when there is none and ``create``."""
+    def check_format(self, create: bool = True) -> Plan[bool]:
+        """Check the store's format record; write it first when there is none and ``create``.
+
+        Return whether this call wrote it (created the store).
+        """
         header = pack({"magic": MAGIC, "format": FORMAT_VERSION})
         # Read first: a read-only replica can open a store that exists.
         (stored,) = yield [("GET", self.keys.format)]
@@ -457,10 +460,12 @@ class SessionPlans(PlanBase):
                 hint="check the URI's prefix= and database number; reading never creates "
                 "a store, the first service that writes to it does",
             )
+        created = False
         if stored is None:
-            _, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
+            wrote, stored = yield [("SETNX", self.keys.format, header), ("GET", self.keys.format)]
+            created = bool(wrote)
         if stored == header:
-            return
+            return created
         try:
             fields = unpack(stored)
         except Exception:
@@ -480,6 +485,7 @@ class SessionPlans(PlanBase):
         if version == 1:
             # Clients of format 1 may still share it: they know only the sorted set.
             self.times_layout = "0"
+        return created
 
     def noop(self) -> Plan[None]:
         """One FCALL of a function that does nothing: a round trip's floor."""

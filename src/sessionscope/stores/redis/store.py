@@ -398,6 +398,7 @@ class RedisStore:
         self.aio = _AsyncRedisStore(self)
         try:
             check_policy(self._client, self.cluster, self.where, allow_eviction)
+            self.created = False
             try:
                 self._sync.run(self._ops.check_format(create=False))
             except StoreNotFoundError:
@@ -405,7 +406,7 @@ class RedisStore:
                     raise
                 # A new store: its prefix must hold nothing before it writes there.
                 self._refuse_foreign_keys()
-                self._sync.run(self._ops.check_format(create=True))
+                self.created = self._sync.run(self._ops.check_format(create=True))
             if not encrypted_ok:
                 refuse_encrypted(self.read_app_state(ENCRYPTION_MARKER_APP), self.where)
         except BaseException:
@@ -420,6 +421,10 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"RedisStore({self.uri!r})"
+
+    def opened_elsewhere(self) -> bool:
+        """Tell whether another client may have this store open: unless this open created it."""
+        return not self.created
 
     @property
     def prefix(self) -> str:
