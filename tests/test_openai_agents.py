@@ -724,3 +724,40 @@ def test_a_pop_sent_again_after_a_lost_reply_removes_nothing_more(
         assert run(AgentsSession("s", store).get_items()) == items("r", 1)
     finally:
         factory.close_all()
+
+
+def test_a_cancelled_write_settles_before_the_cancellation_is_passed_on(
+    store_factory: StoreFactory,
+) -> None:
+    """A caller cancelled mid-write sees the session as it ends up: nothing lands later.
+
+    As the SDK's own sessions: the write (add, pop, clear) runs to its
+    outcome, then CancelledError reaches the caller, however often it is
+    cancelled meanwhile. A write sent after it finds the session as the
+    caller read it right after the cancellation.
+    """
+    import asyncio
+
+    async def main() -> None:
+        session = AgentsSession("cancelled", store_factory())
+        await session.add_items([{"role": "user", "content": "first"}])
+        many = [{"role": "user", "content": f"item {i} " + "x" * 200} for i in range(400)]
+        writes = [
+            lambda: session.add_items(many),
+            session.pop_item,
+            session.clear_session,
+        ]
+        for number, write in enumerate(writes):
+            task = asyncio.ensure_future(write())
+            await asyncio.sleep(0)  # the write is under way
+            task.cancel()
+            await asyncio.sleep(0)
+            task.cancel()  # a second cancellation changes nothing
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            seen = await session.get_items()
+            marker = {"role": "user", "content": f"after write {number}"}
+            await session.add_items([marker])
+            assert await session.get_items() == [*seen, marker]
+
+    run(main())

@@ -21,17 +21,23 @@ native ``SessionService`` reads these sessions as events.
 - ``clear_session()`` deletes the session; the next add creates it again,
   retrying while a clear of another process lands between its creation
   and its items.
+
+A write (add, pop, clear) whose caller is cancelled runs to its outcome
+first, then the cancellation is passed on, as the SDK's own sessions do: a
+caller that times out sees the session as it is, never a write landing
+later (which a retry would store twice).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
@@ -59,6 +65,30 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_APP_NAME", "DEFAULT_USER_ID", "AgentsSession"]
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def _settled(write: Awaitable[T]) -> T:
+    """Run a write to its outcome; a cancellation meanwhile is passed on once it is known.
+
+    The write runs as a task of its own, which the caller's cancellation (one
+    or several) does not reach; when it is done, the first cancellation is
+    raised, whatever the write's outcome.
+    """
+    task = asyncio.ensure_future(write)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as error:
+            cancelled = cancelled or error
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: what the caller hears is the cancellation
+        raise cancelled
+    return task.result()
+
 
 DEFAULT_APP_NAME = "openai-agents"
 DEFAULT_USER_ID = "default"
@@ -89,7 +119,9 @@ class AgentsSession:
     it) or a store URI (``lmdb:///path``, ``redis://host:port``,
     ``redis+cluster://...``, ``memory://``), which this session opens and
     closes; None is a new in-memory store. Every method takes the SDK's
-    ``wrapper`` keyword (the run context) and ignores it.
+    ``wrapper`` keyword (the run context) and ignores it. The session id's
+    surrounding whitespace is stripped, as for every id of a sessionscope
+    session (``"a "`` and ``"a"`` name one session).
     """
 
     def __init__(
@@ -160,6 +192,9 @@ class AgentsSession:
         left as it was. None stores nothing, as an empty list, the way every
         session of the SDK takes it (``if not items: return``).
         """
+        await _settled(self._add_items(items))
+
+    async def _add_items(self, items: list[Any] | None) -> None:
         if items is None:
             return
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
@@ -216,6 +251,9 @@ class AgentsSession:
         damaged) is refused with CorruptStoreError and left where it is: the
         newest event is read first, and removed only when it is an item.
         """
+        return await _settled(self._pop_item())
+
+    async def _pop_item(self) -> Any | None:
         aio = self.store.aio
         loaded = await aio.load_session(*self._key, 1, None)
         if loaded is None or not loaded.events:
@@ -273,7 +311,7 @@ class AgentsSession:
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session; other sessions stay as they are."""
-        await self.store.aio.delete_session(*self._key)
+        await _settled(self.store.aio.delete_session(*self._key))
 
     # -- lifetime ----------------------------------------------------------
 
