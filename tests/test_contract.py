@@ -1329,3 +1329,112 @@ def test_everything_survives_close_and_reopen(lmdb_factory: StoreFactory) -> Non
     again.close()
     with SyncSessionService(store_factory.reopen()) as third:
         assert _stored(third, "s3", user="u1").events == live.events
+
+
+# -- what a fourth round of probing found -----------------------------------
+
+
+def test_a_limit_past_any_count_lists_everything(svc: SyncSessionService) -> None:
+    """Any positive int is a limit, on every store: Redis takes no count past 2**63 - 1."""
+    import sys
+
+    svc.create_session(app_name=APP, user_id=USER, session_id="only")
+    for limit in (sys.maxsize, sys.maxsize + 1, 10**30):
+        page = svc.list_sessions(app_name=APP, limit=limit)
+        assert [s.id for s in page.sessions] == ["only"] and page.next_cursor is None
+        mine = svc.list_sessions(app_name=APP, user_id=USER, limit=limit)
+        assert [s.id for s in mine.sessions] == ["only"]
+
+
+@pytest.mark.parametrize(
+    ("broken", "named"),
+    [
+        (lambda e: setattr(e, "actions", None), "event.actions must be"),
+        (lambda e: setattr(e, "actions", {"state_delta": {"k": 1}}), "event.actions must be"),
+        (
+            lambda e: setattr(e.actions, "state_delta", [("k", 1)]),
+            "event.actions.state_delta must be",
+        ),
+        (lambda e: setattr(e.actions, "state_delta", "k=1"), "event.actions.state_delta must be"),
+    ],
+    ids=["actions-none", "actions-dict", "delta-list", "delta-str"],
+)
+def test_an_event_with_broken_actions_is_a_type_error_naming_them(
+    svc: SyncSessionService, broken: Any, named: str
+) -> None:
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="broken")
+    event = ev(content={"i": 0})
+    broken(event)
+    with pytest.raises(TypeError, match=named):
+        svc.append_event(s, event)
+    with pytest.raises(TypeError, match="appends\\[1\\]: " + named):
+        svc.append_many([(s, ev(content={"i": 1})), (s, event)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="broken")
+    assert stored is not None and stored.events == [] and s.events == []
+
+
+def test_a_read_only_mapping_is_a_delta_as_a_dict_is(svc: SyncSessionService) -> None:
+    """create_session takes any mapping as state; an append takes any as a delta."""
+    from types import MappingProxyType
+
+    s = svc.create_session(
+        app_name=APP, user_id=USER, session_id="proxy", state=MappingProxyType({"a": 1})
+    )
+    one = ev(delta={"b": 2})
+    one.actions.state_delta = MappingProxyType({"b": 2, "user:u": 3})  # type: ignore[assignment]
+    svc.append_event(s, one)
+    many = ev(delta={"c": 4})
+    many.actions.state_delta = MappingProxyType({"c": 4})  # type: ignore[assignment]
+    svc.append_many([(s, many)])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="proxy")
+    assert stored is not None
+    assert stored.state == {"a": 1, "b": 2, "user:u": 3, "c": 4} == s.state
+    assert [dict(e.actions.state_delta) for e in stored.events] == [{"b": 2, "user:u": 3}, {"c": 4}]
+
+
+def test_append_many_says_stored_in_the_callers_positions_partials_included(
+    svc: SyncSessionService,
+) -> None:
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="partials")
+    ghost = Session(id="ghost", app_name=APP, user_id=USER)
+    appends = [
+        (s, Event(author="a", id="p0", partial=True)),
+        (s, Event(author="a", id="p1", partial=True)),
+        (s, Event(author="a", id="e2")),
+        (s, Event(author="a", id="p3", partial=True)),
+        (s, Event(author="a", id="e4")),
+        (ghost, Event(author="a", id="e5")),  # stops the batch
+        (s, Event(author="a", id="e6")),
+    ]
+    with pytest.raises(SessionNotFoundError) as caught:
+        svc.append_many(appends)
+    assert caught.value.stored == 5  # type: ignore[attr-defined]
+    assert appends[caught.value.stored][1].id == "e5"  # type: ignore[attr-defined]
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="partials")
+    assert stored is not None and event_ids(stored) == ["e2", "e4"]
+    # Resuming from there stores nothing twice (the ghost is left out).
+    svc.append_many(appends[6:])
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="partials")
+    assert stored is not None and event_ids(stored) == ["e2", "e4", "e6"]
+
+
+def test_an_int_timestamp_is_stored_as_the_float_it_reads_back_as(
+    svc: SyncSessionService,
+) -> None:
+    """So that the same event appended again, read back or built anew, is a repeat."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="int-time")
+    event = ev(content={"i": 0}, ts=5)
+    svc.append_event(s, event)
+    assert type(event.timestamp) is float
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="int-time")
+    assert stored is not None and type(stored.events[0].timestamp) is float
+    again = Event(author=event.author, content={"i": 0}, id=event.id, timestamp=5.0)
+    fresh = svc.get_session(app_name=APP, user_id=USER, session_id="int-time")
+    assert fresh is not None
+    svc.append_event(fresh, again)  # a repeat: no error, nothing added
+    bulk = ev(content={"i": 1}, ts=6)
+    svc.append_many([(fresh, bulk)])
+    assert type(bulk.timestamp) is float
+    stored = svc.get_session(app_name=APP, user_id=USER, session_id="int-time")
+    assert stored is not None and [e.timestamp for e in stored.events] == [5.0, 6.0]
+    assert all(type(e.timestamp) is float for e in stored.events)

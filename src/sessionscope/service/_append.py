@@ -185,7 +185,9 @@ def _record(event: Any) -> dict[str, Any]:
     actions = event.actions
     packed: dict[str, Any] = {}
     if actions.state_delta:
-        packed["state_delta"] = actions.state_delta
+        delta = actions.state_delta
+        # A mapping of another class (a read-only proxy, say) is stored as the map it holds.
+        packed["state_delta"] = delta if type(delta) is dict else dict(delta)
     if actions.artifact_delta:
         check_storable(actions.artifact_delta, "event.actions.artifact_delta")
         packed["artifact_delta"] = actions.artifact_delta
@@ -391,6 +393,10 @@ def _prepare_into(
     timestamp: float = stamp if type(stamp) is float else timestamp_of(stamp)
     if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
         raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    if type(stamp) is not float:
+        # Stored as the float it is read back as, so that an equal retry is a repeat.
+        event.timestamp = timestamp
+        stamp = timestamp
     actions = event.actions
     original: Any = actions.state_delta if actions else None
     app_items: list[tuple[str, bytes]]
@@ -476,6 +482,9 @@ def _prepare_event(
     timestamp: float = timestamp_of(event.timestamp)
     if timestamp != timestamp or timestamp == _INF or timestamp == -_INF:
         raise ValueError(f"event.timestamp must be a finite number, not {timestamp!r}")
+    if type(event.timestamp) is not float:
+        # Stored as the float it is read back as, so that an equal retry is a repeat.
+        event.timestamp = timestamp
     actions = event.actions
     original: Any = actions.state_delta if actions else None
     app_items: list[tuple[str, bytes]] = []

@@ -447,13 +447,28 @@ class ServiceCore(Generic[S, E]):
             raise
 
     def _check_pair(self, session: object, event: object, where: str) -> None:
-        """Raise a TypeError naming ``session`` or ``event`` if it is not of the service's kind."""
+        """Raise a TypeError naming ``session`` or ``event`` if it is not of the service's kind.
+
+        Also the event's actions and state delta, which an object of the
+        right kind can still have had replaced (``event.actions = None``).
+        """
         for name, obj, kind in (
             ("session", session, self.model.session_type),
             ("event", event, self.model.event_type),
         ):
             if not isinstance(obj, kind):
                 raise not_of_kind(where + name, obj, kind) from None
+        actions = getattr(event, "actions", None)
+        if actions is None or not hasattr(actions, "state_delta"):
+            raise TypeError(
+                f"{where}event.actions must be the event's actions object, "
+                f"not {type(actions).__name__}"
+            ) from None
+        delta = actions.state_delta
+        if delta is not None and not isinstance(delta, Mapping):
+            raise TypeError(
+                f"{where}event.actions.state_delta must be a mapping, not {type(delta).__name__}"
+            ) from None
 
     def abandon_many(self, prepared: _hot.PreparedBatch, start: int) -> None:
         """Give their deltas back to the events of a batch from ``start`` on."""

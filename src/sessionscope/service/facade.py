@@ -72,6 +72,23 @@ def _resolve_store(store: Store | str | None) -> Store:
     return store
 
 
+def _position_of_stored(appends: list[tuple[Any, Any]], applied: int) -> int:
+    """Return how many of the caller's appends are handled when the store took ``applied``.
+
+    The store counts the stored events only; the caller's list also holds
+    partial events, which are never stored: those before the stop count as
+    handled, so that the answer indexes the caller's list.
+    """
+    taken = 0
+    for index, (_, event) in enumerate(appends):
+        if event.partial:
+            continue
+        if taken == applied:
+            return index
+        taken += 1
+    return len(appends)
+
+
 class AsyncSessions(Generic[S, E]):
     """The async facade over a ServiceCore: what SessionService and the ADK drop-in share.
 
@@ -413,6 +430,7 @@ class SyncSessionService:
         (``RedisStore.append_many_reading``).
         """
         core = self._core
+        appends = appends if isinstance(appends, list) else list(appends)
         # Checked and packed in one call, every event or none.
         prepared = core.prepare_many(appends)
         try:
@@ -423,7 +441,8 @@ class SyncSessionService:
         # Those the store did not reach get their deltas back.
         finished = core.finish_many(prepared, result)
         if result.error is not None:
-            raise batch_stopped(result.error, result.applied, len(prepared.batch.event_ids))
+            stored = _position_of_stored(appends, result.applied)
+            raise batch_stopped(result.error, stored, len(appends))
         return finished
 
     def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:

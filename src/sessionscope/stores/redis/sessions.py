@@ -50,6 +50,10 @@ _COPY_TRIES = 5
 _DOUBLE = struct.Struct(">d")
 
 
+# The most entries a read of a listing index asks for (Redis's own bound is 2**63 - 1).
+_MOST_ENTRIES = 2**62
+
+
 class SessionPlans(PlanBase):
     """The plans of sessions, their listing and the state maps."""
 
@@ -272,17 +276,19 @@ class SessionPlans(PlanBase):
             users = [user_id]
         if not users:
             return [], False
+        # Redis takes a LIMIT count up to 2**63 - 1; no index holds that many.
+        count = min(limit + 1, _MOST_ENTRIES)
         reads: list[Command] = []
         for user in users:
             index = keys.user(app_name, user)[1]
             if after is None:
-                reads.append(_index_range(index, "-inf", limit + 1))
+                reads.append(_index_range(index, "-inf", count))
                 continue
             stamp, after_user, after_sid = after
             # A later user's sessions at the position's time come after it; an
             # earlier user's do not.
             low = repr(stamp) if user > after_user else f"({stamp!r}"
-            reads.append(_index_range(index, low, limit + 1))
+            reads.append(_index_range(index, low, count))
             if user == after_user:
                 # This user's ties after the position's id: every tie is read, then sifted.
                 reads.append(("ZRANGE", index, repr(stamp), repr(stamp), "BYSCORE"))
