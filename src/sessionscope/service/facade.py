@@ -411,7 +411,9 @@ class SyncSessionService:
         session, a conflicting event id) stops the batch there: the appends
         before it stay stored and applied to their sessions, and it is raised
         with ``stored`` set to how many of the batch's first appends are
-        stored (``errors.batch_stopped``).
+        handled, counted in ``appends`` (a partial event, never stored, counts
+        as handled), so that ``appends[stored:]`` is what was not
+        (``errors.batch_stopped``).
         """
         return self.append_many_with(appends, lambda batch: self.store.append_many(batch).result())
 
