@@ -121,3 +121,64 @@ def test_more_calls_at_once_than_connections_wait_for_one(
             thread.join(120)
         assert errors == []
         assert len(svc.list_sessions(app_name="threads").sessions) == POOL_SIZE + 50
+
+
+_PACK_UNDER_INTERRUPTS = """
+import signal
+from sessionscope.stores.redis.client import _pack_in_c
+
+# The handler raises only inside the call, and disarms itself as it does,
+# so that nothing but the call is ever interrupted.
+inside = False
+
+def interrupt(*_):
+    global inside
+    if inside:
+        inside = False
+        raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+interrupted = 0
+try:
+    for _ in range(200_000):
+        try:
+            inside = True
+            packed = _pack_in_c("FCALL", b"f", 1, b"k", 12345, 1.5, -0.0, 2**70, "text")
+            inside = False
+        except KeyboardInterrupt:
+            interrupted += 1
+finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+assert packed == [
+    b"*9\\r\\n$5\\r\\nFCALL\\r\\n$1\\r\\nf\\r\\n$1\\r\\n1\\r\\n$1\\r\\nk\\r\\n$5\\r\\n12345\\r\\n"
+    b"$3\\r\\n1.5\\r\\n$4\\r\\n-0.0\\r\\n$22\\r\\n1180591620717411303424\\r\\n$4\\r\\ntext\\r\\n"
+], packed
+print(interrupted)
+"""
+
+
+def test_packing_a_command_survives_ctrl_c_landing_inside_it() -> None:
+    """hiredis 3.5 converting an int or a float crashed the process when a signal handler raised.
+
+    Ctrl-C of a command line run against Redis died of SIGSEGV now and then,
+    with no clean-up. Every argument now reaches hiredis as bytes; a process
+    interrupted thousands of times while packing carries on, and the bytes
+    are the ones hiredis makes of the same arguments.
+    """
+    import subprocess
+    import sys
+
+    pytest.importorskip("hiredis")
+    import _stores
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PACK_UNDER_INTERRUPTS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_stores.child_env(),
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert int(done.stdout) > 0  # the interrupts did land

@@ -48,7 +48,22 @@ class _HiredisPacking:
 def _pack_in_c(*args: Any) -> list[bytes]:
     if isinstance(args[0], str):
         args = (*args[0].encode().split(), *args[1:])
-    return [hiredis.pack_command(args)]
+    # Every argument goes to hiredis as bytes: hiredis 3.5 converting an int
+    # or a float itself crashes the process (SIGSEGV) when a signal handler
+    # raises meanwhile, as Ctrl-C's does.
+    return [hiredis.pack_command(tuple([a if type(a) is bytes else _bytes_of(a) for a in args]))]
+
+
+def _bytes_of(value: Any) -> Any:
+    """Return a command argument as the bytes Redis reads (anything else as it is)."""
+    kind = type(value)
+    if kind is str:
+        return value.encode()
+    if kind is int:
+        return b"%d" % value
+    if kind is float:
+        return float.__repr__(value).encode()
+    return value
 
 
 class _CPacker:
