@@ -448,3 +448,37 @@ def test_a_gzip_trace_is_the_same_bytes_at_another_time_and_name(tmp_path: Path)
     time.sleep(1.1)
     assert run("generate", str(second), "--sessions", "5", "--seed", "3").returncode == 0
     assert first.read_bytes() == second.read_bytes()
+
+
+def _file_size_limit(limit: int) -> Any:
+    """Return a preexec that makes writes past ``limit`` bytes fail, as a full disk does."""
+
+    def apply() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_an_export_that_runs_out_of_space_leaves_no_partial(tmp_path: Path) -> None:
+    """The .partial goes on any failure, a write that fails included; the rerun is not refused."""
+    store = tmp_path / "store"
+    build(store, sessions=20, events=200)
+    out = tmp_path / "out" / "all.dump"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionscope", "export", f"lmdb://{store}", str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        preexec_fn=_file_size_limit(64 * 1024),
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+    again = run("export", f"lmdb://{store}", str(out))
+    assert again.returncode == 0, again.stderr
+    assert out.stat().st_size > 64 * 1024

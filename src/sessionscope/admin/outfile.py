@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -173,7 +173,10 @@ def output_file(path: str | os.PathLike[str], protect: Iterable[Path] = ()) -> I
         file.close()
         _publish(partial, target)
     except BaseException:
-        file.close()
+        # Closing flushes what is buffered: after a failed write (a full
+        # disk) it fails again, and the partial file must still go.
+        with suppress(OSError):
+            file.close()
         remove_own(partial, created)
         raise
 
