@@ -29,7 +29,9 @@ line on stderr. Exit status: 0 success, 1 a problem found or a failure (a
 store that does not verify, a damaged or busy store, a refused dump, a
 migration whose copies differ), 2 bad usage or input (an unknown URI scheme,
 a path that holds no store, a store of a newer format, a non-empty backup
-directory, an output path refused). A command that reads never creates a
+directory, an output path refused), 130 interrupted (Ctrl-C: "interrupted"
+on stderr), 143 terminated (SIGTERM: "terminated"); a file being written is
+removed either way. A command that reads never creates a
 store; `ls`, `stats`, `verify` and `export` read a page at a time, in memory
 that does not grow with the store. How to use them to run a store:
 [operations.md](operations.md).

@@ -434,7 +434,7 @@ def test_generate_ended_by_sigterm_leaves_no_partial(tmp_path: Path, name: str) 
             child.kill()
             child.wait()
     assert child.returncode == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err
+    assert err.strip() == "terminated"  # one line, as every way a command ends
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     done = run("generate", str(out), "--sessions", "3")
     assert done.returncode == 0, done.stderr

@@ -89,7 +89,8 @@ def _parser() -> _Parser:
         "replay them. Every store command takes a URI: " + _STORE_URIS + " (backup, "
         "compact and upgrade: lmdb:// only).",
         epilog="Run 'sessionscope COMMAND --help' for a command's options. Exit status: 0 "
-        "success, 1 a problem found or a failure, 2 bad usage or input.",
+        "success, 1 a problem found or a failure, 2 bad usage or input, 130 interrupted "
+        "(Ctrl-C), 143 terminated (SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"sessionscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE)
@@ -500,8 +501,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_logging()
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command was, so that it ends as on Ctrl-C (exit 143)."""
+
+
 def _end_on_sigterm(signum: int, frame: Any) -> NoReturn:
-    raise SystemExit(128 + signum)
+    raise _Terminated(128 + signum)
 
 
 def _terminate_by_exit() -> Callable[[], None]:
@@ -549,6 +554,10 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except _Terminated as stop:
+        print("terminated", file=sys.stderr)
+        code: int = stop.args[0]
+        return code
     except BrokenPipeError:
         # The reader (e.g. head) went away: not an error of ours.
         sys.stderr.close()

@@ -42,7 +42,6 @@ from ..admin.ops import (
 from ..admin.outfile import check_output
 from ..errors import (
     CorruptStoreError,
-    EncryptedStoreError,
     IncompatibleStoreError,
     SessionscopeError,
     StoreNotFoundError,
@@ -473,16 +472,16 @@ def verify(args: argparse.Namespace) -> int:
     try:
         store = open_uri(args.uri)
     except UsageError as error:
-        # A store file refused at open is a finding, not bad usage (open_uri
-        # chains the store's error); an encrypted store opened without its key,
-        # and a bad option or key source (nothing chained), are bad usage.
+        # A store file refused at open as unsafe (a planted link) is a
+        # finding, not bad usage (open_uri chains the store's error). A store
+        # of a newer format or of another kind, an encrypted store opened
+        # without its key, a bad option or key source (nothing chained): bad
+        # usage, as for every command; none of them is damage.
         path = lmdb_path(args.uri)
-        cause = error.__cause__
         if (
             path is None
             or not (path / "data.mdb").is_file()
-            or cause is None
-            or isinstance(cause, EncryptedStoreError)
+            or not isinstance(error.__cause__, UnsafeStoreError)
         ):
             raise
         return _verify_report(args, _refused(error))
