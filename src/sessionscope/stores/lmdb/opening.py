@@ -54,6 +54,7 @@ __all__ = [
     "open_failure",
     "path_uri",
     "probe",
+    "reserve_lock_file",
     "verify_file",
 ]
 
@@ -62,6 +63,11 @@ DEFAULT_MAP_SIZE = 64 << 20
 _MIN_MAP_SIZE = 1 << 20
 # Each reader slot is a line of lock.mdb; more than this is a typo.
 _MAX_READERS = 1 << 20
+# LMDB's lock file: a header of at least three 64-byte cache lines (it holds
+# the first reader slot), then a 64-byte line per further reader slot. The
+# header is larger on some platforms: this gives a lower bound of the size.
+_LOCK_HEADER = 192
+_READER_LINE = 64
 
 # The data files (device, inode) of the stores open in this process. LMDB's
 # locks belong to the process: opening and closing a second descriptor of an
@@ -289,8 +295,10 @@ def open_failure(path: Path, error: BaseException) -> StoreError:
         hint = "the filesystem is mounted read-only: open the store on a writable one"
     elif code in (errno.EACCES, errno.EPERM) or isinstance(error, lmdb.ReadonlyError):
         hint = "this user may not write the store's directory or files: check their owner and mode"
-    elif code == errno.ENOSPC:
+    elif code in (errno.ENOSPC, errno.EDQUOT):
         hint = "the disk is full: free space and open the store again"
+    elif code == errno.EFBIG:
+        hint = "a file size limit was reached (ulimit -f): raise it and open the store again"
     # py-lmdb refuses a second open of an environment with a plain lmdb.Error
     # and no code: its message is all there is to recognise it by.
     elif isinstance(error, lmdb.Error) and "already open" in str(error):
@@ -399,6 +407,43 @@ def file_id(path: str | Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return info.st_dev, info.st_ino
+
+
+def reserve_lock_file(lock_file: Path, max_readers: int) -> None:
+    """Reserve the disk blocks of a lock file LMDB is about to map; StoreError when none are left.
+
+    LMDB sizes a new lock.mdb with ftruncate, which allocates nothing, and
+    writes its lock table through a shared map: on a full disk the first
+    write into a page without a block kills the process with SIGBUS. So the
+    blocks are reserved first (``posix_fallocate``), and a full disk is an
+    error. Called holding the writers' flock, before this process maps the
+    file, and only while no other process has it open: the file is never
+    touched under another process's map. It grows at most to a lower bound
+    of the size LMDB gives it for ``max_readers`` (a larger file would hold
+    more reader slots than asked), and a larger file keeps its size. Where
+    the file system cannot reserve blocks, LMDB opens as before.
+    """
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is None or not sys.platform.startswith("linux"):
+        return
+    data = file_id(lock_file.parent / "data.mdb")
+    if data is not None and data in OPEN_HERE:
+        return  # open in this process, whose locks F_GETLK does not show
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # LMDB opens it itself, and says why it cannot
+    try:
+        if lock_holder(fd) is not None:
+            return
+        size = max(os.fstat(fd).st_size, _LOCK_HEADER + (max_readers - 1) * _READER_LINE)
+        allocate(fd, 0, size)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise open_failure(lock_file.parent, error) from error
+        # Unsupported here (EOPNOTSUPP, EINVAL): LMDB opens as before.
+    finally:
+        os.close(fd)
 
 
 def open_adopting(path: str, **options: Any) -> Any:

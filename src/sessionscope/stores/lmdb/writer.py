@@ -59,6 +59,7 @@ from .opening import (
     lmdb_failure,
     open_adopting,
     open_failure,
+    reserve_lock_file,
 )
 from .warming import MapWarmer, warmer_for
 
@@ -183,6 +184,8 @@ class Writer:
             raise open_failure(path, error) from error
         try:
             with _writers_flock(lock_fd):
+                # Blocks first: LMDB writes its lock table through a map.
+                reserve_lock_file(self.lock_path, max_readers)
                 self.env = self._open_env(map_size)
         except BaseException:
             os.close(lock_fd)
