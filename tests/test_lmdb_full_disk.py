@@ -1,4 +1,4 @@
-"""A full disk: a StoreError with a hint, never a crash.
+"""A full disk or a file size limit: a StoreError with a hint, said once, never a crash.
 
 Opening a new store on a full disk needs a file system that is really full:
 LMDB maps the lock file it creates, and a write into a page the disk has no
@@ -6,22 +6,29 @@ block for kills the process with SIGBUS, which a file size limit never
 causes (the limit refuses the file's growth before anything is mapped). So
 that test fills a small tmpfs of its own, mounted in a private mount
 namespace of a child process: nothing outside that process sees it, and it
-goes when the process ends.
+goes when the process ends. A failed write is made with a file size limit
+(RLIMIT_FSIZE), which refuses it as a full disk does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from _stores import child_env
+from _stores import APP, USER, child_env, ev, event_ids, run_cli
+from sessionscope import LmdbStore, SyncSessionService
+from sessionscope.errors import StoreError
 
 # What the child runs on its full tmpfs (given as argv[1]): it prints one JSON
 # line per case, and ends with status 0 unless a crash kills it.
@@ -132,3 +139,87 @@ def test_opening_a_store_on_a_full_disk_is_an_error_not_a_crash(
     # Once there is room, what the failed opens left behind opens as a store.
     for case in ("again sync", "again deferred", "left behind again"):
         assert outcomes[case] == {"case": case, "opened": True}, done.stdout
+
+
+@pytest.fixture
+def file_size_limit() -> Iterator[Any]:
+    """Return a function that limits the size of files this process writes; lifted after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    # Past the limit a write fails with EFBIG; the signal would end the process.
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def limit(size: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+
+    try:
+        yield limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_a_refused_write_is_raised_once_and_logged_below_warning(
+    tmp_path: Path,
+    durability: str,
+    file_size_limit: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The caller hears of a write the disk refused; the library's log only adds detail.
+
+    A sync store's write fails writing its pages; a deferred store's, which
+    writes through a map it reserved, fails reserving the larger map.
+    """
+    path = tmp_path / "store"
+    store = LmdbStore(path, durability=durability, map_size=1 << 20)  # type: ignore[arg-type]
+    with SyncSessionService(store) as svc:
+        session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+        kept = svc.append_event(session, ev(content="small")).id
+        caplog.set_level("DEBUG", logger="sessionscope")
+        file_size_limit((path / "data.mdb").stat().st_size + (64 << 10))
+        with pytest.raises(StoreError) as raised:
+            svc.append_event(session, ev(content="x" * (2 << 20)))
+        file_size_limit(resource.RLIM_INFINITY)
+        assert "file size limits" in (raised.value.hint or "")
+        ours = [r for r in caplog.records if r.name.startswith("sessionscope")]
+        assert [r for r in ours if r.levelname not in ("DEBUG", "INFO")] == []
+        # Said once at DEBUG, for whoever looks into it.
+        assert any("failed" in r.getMessage() and r.levelname == "DEBUG" for r in ours), ours
+        # The store is as it was, and takes writes again.
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id="s")
+        assert stored is not None and event_ids(stored) == [kept]
+        svc.append_event(stored, ev(content="after"))
+
+
+def _limit_file_size() -> None:
+    """Limit the files a child writes to 1 MiB (run in the child, before it starts)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+
+
+def test_import_refused_by_the_disk_says_so_in_one_line(tmp_path: Path) -> None:
+    """``sessionscope import`` into a store the disk refuses: exit non-zero, one line on stderr."""
+    source = tmp_path / "source"
+    with SyncSessionService(LmdbStore(source)) as svc:
+        for n in range(4):
+            session = svc.create_session(app_name=APP, user_id=USER, session_id=f"s{n}")
+            for _ in range(4):
+                svc.append_event(session, ev(content="y" * (200 << 10)))
+    dump = tmp_path / "sessions.dump"
+    exported = run_cli("export", f"lmdb://{source}", str(dump))
+    assert exported.returncode == 0, exported.stderr
+    target = tmp_path / "target"
+    LmdbStore(target).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionscope", "import", f"lmdb://{target}", str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+        preexec_fn=_limit_file_size,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "file size limits" in done.stderr, done.stderr

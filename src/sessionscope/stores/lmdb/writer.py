@@ -646,7 +646,8 @@ class Writer:
                 try:
                     self._grow(seen)
                 except StoreError as error:
-                    _log.error("growing the map of %s failed: %s", self.path, error)
+                    # Every caller of these writes is handed the error.
+                    _log.debug("growing the map of %s failed: %s", self.path, error)
                     return [(False, error)] * len(actions)
             except Exception as error:  # the failing write's own outcome
                 failure: Exception = error
@@ -654,7 +655,8 @@ class Writer:
                     failure = lmdb_failure("writing to the store", error)
                 if len(actions) == 1:
                     if failure is not error:  # the store failed, not the write's own checks
-                        _log.error("writing to %s failed: %s", self.path, failure)
+                        # Its caller is handed the error and says it: once is enough.
+                        _log.debug("writing to %s failed: %s", self.path, failure)
                     return [(False, failure)]
                 _log.debug("a write of %d failed (%s): each runs alone", len(actions), error)
                 return [self.run_writes([action])[0] for action in actions]
