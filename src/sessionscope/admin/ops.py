@@ -9,7 +9,9 @@ where the question is about its file.
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,13 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from ..codec import decode_event, pack
-from ..errors import CorruptStoreError, SessionscopeError, StoreError, StoreNotFoundError
+from ..errors import (
+    CorruptStoreError,
+    EncryptionKeyError,
+    SessionscopeError,
+    StoreError,
+    StoreNotFoundError,
+)
 from ..stores import LmdbStore, Store, open_store, redact
+from ..stores.lmdb.maintenance import PARTIAL_COPY, publish
+from ..stores.lmdb.opening import open_failure
 from ..stores.lmdb.store import path_uri
 from ..stores.records import ListPosition, SessionRecord
 from ..stores.rules import list_position
 from ..stores.uri import SCHEMES, lmdb_path, query_pairs
-from .outfile import make_directory
+from .outfile import OutputPathError, make_directory, remove_own
 
 __all__ = [
     "CheckReport",
@@ -74,9 +84,14 @@ def file_options(uri: str) -> dict[str, Any]:
 def open_existing(uri: str) -> Store:
     """Open the store a URI names, refusing a path that holds no store (nothing is created)."""
     path = lmdb_path(uri)
-    if path is not None and path.parts and not (path / "data.mdb").is_file():
-        what = "does not exist" if not path.exists() else "holds no store"
-        raise MissingStoreError(f"{uri}: {path} {what}")
+    if path is not None and path.parts:
+        try:
+            found = (path / "data.mdb").is_file()
+            what = "does not exist" if not path.exists() else "holds no store"
+        except OSError as error:  # a directory this user may not read
+            raise open_failure(path, error) from error
+        if not found:
+            raise MissingStoreError(f"{uri}: {path} {what}")
     try:
         # A Redis prefix without a store is refused there, before anything is written.
         return open_store(uri, create=False)
@@ -350,11 +365,34 @@ class CheckReport:
     sessions: int = 0
     events: int = 0
     problems: list[str] = field(default_factory=list)
+    # Sessions that cannot be read until an unfinished key rotation is run
+    # again: one finding with its own hint, never one per session.
+    unrotated: int = 0
+    rotation: EncryptionKeyError | None = None
 
     @property
     def clean(self) -> bool:
         """Tell whether the check found nothing wrong."""
-        return not self.problems
+        return not self.problems and self.rotation is None
+
+    @property
+    def findings(self) -> list[str]:
+        """Return every problem, an unfinished key rotation first (as one finding)."""
+        if self.rotation is None:
+            return list(self.problems)
+        what = "session cannot" if self.unrotated == 1 else "sessions cannot"
+        found = f"{self.unrotated:,} {what} be read until the key rotation is finished"
+        return [f"{found}: {reason(self.rotation)}", *self.problems]
+
+    @property
+    def hint(self) -> str | None:
+        """Return what to do about the findings: finish a rotation first, then the rest."""
+        hints = []
+        if self.rotation is not None:
+            hints.append(self.rotation.hint or ROTATION_HINT)
+        if self.problems:
+            hints.append(VERIFY_HINT)
+        return "; then ".join(hints) or None
 
     def add(self, problem: str) -> None:
         """Record a problem once: two checks that meet the same damage list it once."""
@@ -368,9 +406,21 @@ class CheckReport:
             "structural": self.structural,
             "sessions": self.sessions,
             "events": self.events,
-            "problems": self.problems,
-            "hint": None if self.clean else VERIFY_HINT,
+            "problems": self.findings,
+            "hint": self.hint,
         }
+
+
+# What an unfinished key rotation asks for, where its error gives no hint.
+ROTATION_HINT = "a key rotation is unfinished: run `sessionscope rotate-key` again"
+
+
+def unfinished_rotation(error: BaseException) -> bool:
+    """Tell whether an error says a key rotation is unfinished (rerunning it is the cure)."""
+    if not isinstance(error, EncryptionKeyError):
+        return False
+    said = f"{error} {getattr(error, 'hint', '') or ''}"
+    return "rotation" in said and "unfinished" in said
 
 
 def reason(error: BaseException) -> str:
@@ -424,6 +474,14 @@ def _check_session(store: Store, record: SessionRecord, report: CheckReport) -> 
     ids = (record.app_name, record.user_id, record.session_id)
     try:
         head = store.load_session(*ids, 0, None)
+    except EncryptionKeyError as error:
+        if not unfinished_rotation(error):
+            report.add(f"{label}: cannot be read: {reason(error)}")
+            return
+        report.unrotated += 1
+        if report.rotation is None:
+            report.rotation = error
+        return
     except SessionscopeError as error:
         report.add(f"{label}: cannot be read: {reason(error)}")
         return
@@ -468,7 +526,7 @@ def _check_copy(directory: Path) -> CheckReport:
     finally:
         copy.close()
     if not report.clean:
-        shown = "; ".join(report.problems[:5])
+        shown = "; ".join(report.findings[:5])
         raise StoreError(
             f"the copy in {directory} did not verify: {shown}",
             hint="the original is untouched: run `sessionscope verify` on it",
@@ -479,28 +537,59 @@ def _check_copy(directory: Path) -> CheckReport:
 # -- backup and compaction ---------------------------------------------------------
 
 
+# The directory inside a backup's destination where the copy is made and
+# checked; the copy's data.mdb gets its name in the destination once verified.
+BACKUP_PARTIAL = "backup.partial"
+
+
 def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     """Copy a live store into the new or empty directory ``dest``, then check the copy.
 
     ``dest`` is made owner-only (an empty one given keeps its mode; the
     files are owner-only) in a directory that must exist; a link, a
     file, a directory that holds anything, or a path inside the store's own
-    directory is refused (``OutputPathError``). A copy that fails or does
-    not verify is removed again (only the files this call made), with the
+    directory is refused (``OutputPathError``). The copy is made and
+    verified in ``dest/backup.partial/`` and its ``data.mdb`` gets its name
+    in ``dest`` only then: a backup killed at any point leaves no store
+    under ``dest`` that was not verified. A copy that fails or does not
+    verify is removed again (only the files this call made), with the
     directory if this call made it.
     """
     created = make_directory(dest, [store.path])
     started = time.perf_counter()
+    work = dest / BACKUP_PARTIAL
     try:
-        store.copy_to(dest)
-        copied = time.perf_counter() - started
-        report = _check_copy(dest)
+        # Exclusively: a directory another run made there is refused, and left.
+        os.mkdir(work, 0o700)
+    except FileExistsError:
+        raise OutputPathError(
+            f"{work} exists (another backup writing there, or one that was interrupted)",
+            hint="make sure no other backup writes there, then remove it",
+        ) from None
+    except OSError as error:
+        raise OutputPathError(f"cannot create {work}: {error.strerror}") from None
+    final = dest / "data.mdb"
+    published: os.stat_result | None = None
+    try:
+        try:
+            store.copy_to(work)
+            copied = time.perf_counter() - started
+            report = _check_copy(work)
+            # The copy's lock file first: what a kill leaves after the move is
+            # at most the empty working directory.
+            (work / "lock.mdb").unlink(missing_ok=True)
+            # Set first: the name is removed on a failure only if it is this file.
+            published = os.lstat(work / "data.mdb")
+            publish(work / "data.mdb", final)
+        finally:
+            # What is in work, this call made: the directory is its own.
+            _remove_work(work)
     except BaseException:
-        # dest was new or empty: what is in it now, this call made.
-        for name in ("data.mdb", "lock.mdb"):
-            (dest / name).unlink(missing_ok=True)
+        if published is not None:
+            remove_own(final, published)
         if created:
-            dest.rmdir()
+            with contextlib.suppress(OSError):  # not empty: another run's files stay
+                dest.rmdir()
         raise
     return {
         "source": str(store.path),
@@ -514,6 +603,15 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
         "total_s": time.perf_counter() - started,
         "verified": True,
     }
+
+
+def _remove_work(work: Path) -> None:
+    """Remove a backup's own working directory and the files made in it."""
+    for name in ("data.mdb", "lock.mdb", PARTIAL_COPY):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(work / name)
+    with contextlib.suppress(OSError):
+        os.rmdir(work)
 
 
 def compact(path: Path, **options: Any) -> dict[str, Any]:

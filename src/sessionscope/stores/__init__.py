@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import StoreNotFoundError
 from .completion import Completion
+from .lmdb.opening import open_failure
 from .lmdb.store import LmdbStore
 from .memory import MemoryStore
 from .protocol import Store
@@ -84,7 +85,11 @@ def _open_plain(spec: StoreSpec, create: bool, options: dict[str, Any]) -> Store
         return MemoryStore(**options)
     if spec.kind == "redis":
         return _open_redis(spec, create, options)
-    if not create and not (Path(spec.path) / "data.mdb").is_file():
+    try:
+        found = create or (Path(spec.path) / "data.mdb").is_file()
+    except OSError as error:  # a directory this user may not read: as opening says it
+        raise open_failure(Path(spec.path), error) from error
+    if not found:
         raise StoreNotFoundError(
             f"{spec.path} holds no store", hint="check the path; reading never creates a store"
         )

@@ -14,20 +14,18 @@ import contextlib
 import errno
 import fcntl
 import os
-import shutil
 import sys
-import tempfile
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
-from stat import S_ISREG
+from stat import S_ISDIR, S_ISREG
 from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from ...admin.outfile import create_exclusive, remove_own
+from ...admin.outfile import OutputPathError, create_exclusive, remove_own
 from ...codec import decode_event
 from ...errors import IncompatibleStoreError, StoreError, UnsafeStoreError
 from ..records import SessionRecord
@@ -68,7 +66,19 @@ from .opening import (
 if TYPE_CHECKING:
     from .writer import Writer
 
-__all__ = ["check_layout", "compact", "copy_to", "sole_user", "space", "stat", "upgrade", "verify"]
+__all__ = [
+    "PARTIAL_COPY",
+    "check_layout",
+    "compact",
+    "compact_directory",
+    "copy_to",
+    "publish",
+    "sole_user",
+    "space",
+    "stat",
+    "upgrade",
+    "verify",
+]
 
 
 def verify(writer: Writer) -> None:
@@ -321,14 +331,18 @@ def copy_to(writer: Writer, dest: str | os.PathLike[str]) -> None:
     """Write a consistent, compacted copy of the store into the empty directory ``dest``.
 
     The copy is of one read snapshot, so writers in this or other
-    processes go on meanwhile; it holds no free pages. Its ``data.mdb``
-    is created exclusively (an existing file or a planted link there is
-    an ``OutputPathError``) and removed again if the copy fails.
+    processes go on meanwhile; it holds no free pages. It is written to
+    ``data.mdb.partial``, created exclusively (an existing file or a planted
+    link there is an ``OutputPathError``), synced, and only then linked to
+    ``data.mdb``, which must not exist: a copy cut short by a crash or a kill
+    never has the name of a store. A copy that fails is removed again (only
+    the file this call created).
     """
-    copy = Path(dest) / "data.mdb"
+    target = Path(dest) / "data.mdb"
+    partial = target.with_name(PARTIAL_COPY)
     # Created here, owner-only, exclusively and never through a link,
     # then filled by LMDB through the descriptor.
-    fd = create_exclusive(copy)
+    fd = create_exclusive(partial)
     made = os.fstat(fd)
     try:
         try:
@@ -343,9 +357,43 @@ def copy_to(writer: Writer, dest: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        remove_own(copy, made)
+        remove_own(partial, made)
         raise
     os.close(fd)
+    try:
+        publish(partial, target)
+    except BaseException:
+        remove_own(partial, made)
+        raise
+
+
+# The name a copy is written under until it is whole.
+PARTIAL_COPY = "data.mdb.partial"
+
+
+def publish(source: Path, target: Path) -> None:
+    """Move the file ``source`` to ``target``, which must not exist, durably.
+
+    A hard link never replaces an existing name, so a file that appeared
+    at ``target`` meanwhile (another run's) is refused, never overwritten,
+    and ``source`` is left for the caller to remove. Once linked, ``source``
+    is unlinked at once, then the directory synced.
+    """
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        raise OutputPathError(
+            f"{target} appeared while the copy was written (another run writing there?)",
+            hint="make sure no other run writes there, then give a new or empty directory",
+        ) from None
+    except OSError:
+        # A file system without hard links: rename, after a last check.
+        if os.path.lexists(target):
+            raise OutputPathError(f"{target} appeared while the copy was written") from None
+        os.rename(source, target)
+    else:
+        os.unlink(source)
+    _fsync(target.parent)
 
 
 def compact(
@@ -357,10 +405,15 @@ def compact(
 ) -> tuple[int, int]:
     """Rewrite a store no process has open without free pages; return sizes before, after.
 
-    The store is copied with compaction into a sibling directory, the
-    copy is checked with ``check(directory)`` (which raises to refuse it),
-    and its file then replaces ``data.mdb`` by one rename: at every moment
-    the path holds the old file or the new one, whole. Meanwhile LMDB's
+    The store is copied with compaction into the sibling directory
+    ``.NAME.compact`` (``compact_directory``), the copy is checked with
+    ``check(directory)`` (which raises to refuse it), and its file then
+    replaces ``data.mdb`` by one rename: at every moment the path holds the
+    old file or the new one, whole. That directory is made and removed only
+    under the lock below, so one found there when it is taken was left by a
+    compact that was killed: it is removed first (holding only the files
+    compact writes, never through a link; anything else there is refused
+    with a ``StoreError``). Meanwhile LMDB's
     lock on ``lock.mdb`` is held exclusively, so no process opens the
     store; one that waited for it meets an emptied lock file and fails to
     open rather than read the new file with the old file's reader table.
@@ -374,7 +427,11 @@ def compact(
     probe(root)
     with sole_user(root, "compact"):
         before = data.stat().st_size
-        temp = Path(tempfile.mkdtemp(prefix=f".{root.name}.compact-", dir=root.parent))
+        temp = compact_directory(root)
+        # The lock makes the name this call's: one left there was a compact's
+        # that was killed, and goes before the copy is made again.
+        _remove_stale_copy(temp)
+        os.mkdir(temp, 0o700)
         try:
             env = lmdb.open(str(root), readonly=True, lock=False, max_dbs=MAX_DBS)
             try:
@@ -390,8 +447,50 @@ def compact(
         except lmdb.Error as error:
             raise lmdb_failure("compacting the store", error) from error
         finally:
-            shutil.rmtree(temp, ignore_errors=True)
+            # Left there on a failure here, it goes at the next compact.
+            with contextlib.suppress(OSError, StoreError):
+                _remove_stale_copy(temp)
         return before, data.stat().st_size
+
+
+def compact_directory(root: Path) -> Path:
+    """Return where ``compact`` writes its copy of the store at ``root``: ``.NAME.compact``.
+
+    A sibling of the store, made and removed only while compact holds the
+    store's lock exclusively.
+    """
+    return root.parent / f".{root.name}.compact"
+
+
+# What compact writes into its directory: the copy, and the lock file of checking it.
+_COMPACT_FILES = frozenset({"data.mdb", "lock.mdb"})
+
+
+def _remove_stale_copy(temp: Path) -> None:
+    """Remove compact's directory and the files compact writes there; refuse anything else.
+
+    Called with the store's lock held exclusively. Nothing is followed: a
+    link at the directory's name, or anything in it but plain files named
+    as compact names them, is left alone and refused.
+    """
+    try:
+        info = os.lstat(temp)
+    except FileNotFoundError:
+        return
+    refusal = StoreError(
+        f"{temp} is not what compact leaves behind",
+        hint="compact writes its copy there: move it away, then run compact again",
+    )
+    if not S_ISDIR(info.st_mode):
+        raise refusal
+    with os.scandir(temp) as listing:
+        entries = list(listing)
+    for entry in entries:
+        if entry.name not in _COMPACT_FILES or not entry.is_file(follow_symlinks=False):
+            raise refusal
+    for entry in entries:
+        os.unlink(entry.path)
+    os.rmdir(temp)
 
 
 def upgrade(
