@@ -975,3 +975,35 @@ def test_migrate_from_a_missing_source_creates_nothing(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1
     assert not target.exists()
     assert not (tmp_path / "none.db").exists()
+
+
+def test_no_command_expires_sessions_given_a_uri_with_session_ttl(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """An application's URI, given as it is, expires nothing: commands remove only their own."""
+    with SyncSessionService(LmdbStore(store_path)) as svc:
+        old = svc.create_session(app_name="shop", user_id="idle", session_id="old")
+        svc.append_event(old, Event(author="user", content="long ago", timestamp=1.0))
+    before = _listed(store_path)
+    assert ("shop", "idle", "old") in before
+    ttl = uri_of(store_path) + "?session_ttl=1"
+    for args in (
+        ["ls", ttl, "--app", "shop", "--user", "idle"],
+        ["stats", ttl],
+        ["verify", ttl],
+        ["show", ttl, "shop", "idle", "old"],
+        ["export", ttl, str(tmp_path / "all.dump")],
+    ):
+        done = run(*args)
+        assert done.returncode == 0, (args, done.stderr)
+        assert _listed(store_path) == before, args
+
+
+def _listed(path: Path) -> set[tuple[str, str, str]]:
+    with SyncSessionService(LmdbStore(path)) as svc:
+        return {
+            (app, user, meta.id)
+            for app in ("shop",)
+            for user in ("idle", "user-0", "user-1", "user-2")
+            for meta in svc.list_sessions(app_name=app, user_id=user).sessions
+        }

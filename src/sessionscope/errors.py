@@ -17,6 +17,7 @@ __all__ = [
     "IncompatibleStoreError",
     "KeyErasedError",
     "ReadonlyStateError",
+    "RotationUnfinishedError",
     "SessionNotFoundError",
     "SessionscopeError",
     "StaleSessionError",
@@ -115,6 +116,14 @@ class EncryptionKeyError(StoreError):
 
     Raised when the store is opened, before anything is written; the message
     names where the key was looked for and its key id, never the key.
+    """
+
+
+class RotationUnfinishedError(EncryptionKeyError):
+    """A key rotation of the store's key store is unfinished: run ``rotate-key`` again.
+
+    A data key still wrapped under the key the store is rotated from (or to),
+    read with the other one; nothing is damaged.
     """
 
 

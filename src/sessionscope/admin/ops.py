@@ -22,6 +22,7 @@ from ..codec import decode_event, pack
 from ..errors import (
     CorruptStoreError,
     EncryptionKeyError,
+    RotationUnfinishedError,
     SessionscopeError,
     StoreError,
     StoreNotFoundError,
@@ -81,8 +82,11 @@ def file_options(uri: str) -> dict[str, Any]:
     return options
 
 
-def open_existing(uri: str) -> Store:
-    """Open the store a URI names, refusing a path that holds no store (nothing is created)."""
+def open_existing(uri: str, **options: Any) -> Store:
+    """Open the store a URI names, refusing a path that holds no store (nothing is created).
+
+    ``options`` override those of the URI's query, as for ``open_store``.
+    """
     path = lmdb_path(uri)
     if path is not None and path.parts:
         try:
@@ -94,7 +98,7 @@ def open_existing(uri: str) -> Store:
             raise MissingStoreError(f"{uri}: {path} {what}")
     try:
         # A Redis prefix without a store is refused there, before anything is written.
-        return open_store(uri, create=False)
+        return open_store(uri, create=False, **options)
     except StoreNotFoundError as error:
         raise MissingStoreError(f"{redact(uri)}: {error}") from None
 
@@ -417,10 +421,7 @@ ROTATION_HINT = "a key rotation is unfinished: run `sessionscope rotate-key` aga
 
 def unfinished_rotation(error: BaseException) -> bool:
     """Tell whether an error says a key rotation is unfinished (rerunning it is the cure)."""
-    if not isinstance(error, EncryptionKeyError):
-        return False
-    said = f"{error} {getattr(error, 'hint', '') or ''}"
-    return "rotation" in said and "unfinished" in said
+    return isinstance(error, RotationUnfinishedError)
 
 
 def reason(error: BaseException) -> str:

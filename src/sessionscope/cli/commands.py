@@ -68,8 +68,12 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
     it is (``CorruptStoreError``, exit 1): the input named a store, and the
     store is what failed.
     """
+    # No command expires sessions: an application's URI given as it is, with
+    # its session_ttl, would have every command delete what is idle.
     try:
-        return open_existing(uri) if existing else open_store(uri)
+        if existing:
+            return open_existing(uri, session_ttl=None)
+        return open_store(uri, session_ttl=None)
     except MissingStoreError as error:
         raise UsageError(f"no store: {error}") from None
     except IncompatibleStoreError as error:

@@ -25,7 +25,12 @@ from typing import Any
 
 from ..codec import pack, unpack
 from ..core import compiled_or_twin
-from ..errors import CorruptStoreError, EncryptionKeyError, KeyErasedError
+from ..errors import (
+    CorruptStoreError,
+    EncryptionKeyError,
+    KeyErasedError,
+    RotationUnfinishedError,
+)
 from .envelope import Cipher
 from .kek import Kek
 from .keystore import KeyBackend
@@ -223,7 +228,7 @@ class Keyring:
             meta = read_meta(self._keys) or {}
             if kek_id not in (meta.get("kek"), meta.get("next"), meta.get("previous")):
                 raise _foreign(self._keys, kek_id)
-            raise EncryptionKeyError(
+            raise RotationUnfinishedError(
                 f"a data key of {self._keys.where} is wrapped under key id {kek_id}, "
                 f"not under {self._kek.key_id} ({self._kek.source})",
                 hint="a key rotation is unfinished: run `sessionscope rotate-key` again "
@@ -364,8 +369,8 @@ def _foreign(keys: KeyBackend, kek_id: object, count: int = 1) -> CorruptStoreEr
     )
 
 
-def _unfinished(keys: KeyBackend, meta: dict[str, Any]) -> EncryptionKeyError:
-    return EncryptionKeyError(
+def _unfinished(keys: KeyBackend, meta: dict[str, Any]) -> RotationUnfinishedError:
+    return RotationUnfinishedError(
         f"a rotation of {keys.where} to key id {meta.get('next')} is unfinished",
         hint="finish it first: run rotate-key again with that new key",
     )
