@@ -31,6 +31,7 @@ __all__ = [
     "create_exclusive",
     "make_directory",
     "output_file",
+    "publish",
     "remove_own",
 ]
 
@@ -171,7 +172,7 @@ def output_file(path: str | os.PathLike[str], protect: Iterable[Path] = ()) -> I
         file.flush()
         os.fsync(file.fileno())
         file.close()
-        _publish(partial, target)
+        publish(partial, target)
     except BaseException:
         # Closing flushes what is buffered: after a failed write (a full
         # disk) it fails again, and the partial file must still go.
@@ -181,8 +182,13 @@ def output_file(path: str | os.PathLike[str], protect: Iterable[Path] = ()) -> I
         raise
 
 
-def _publish(partial: Path, target: Path) -> None:
-    """Give the finished ``partial`` the name ``target``, which must not exist."""
+def publish(partial: Path, target: Path) -> None:
+    """Give the finished ``partial`` the name ``target``, which must not exist.
+
+    A hard link never replaces an existing name: a file that appeared at
+    ``target`` meanwhile (another run's) is refused, never overwritten, and
+    ``partial`` is left for the caller to remove.
+    """
     try:
         # A hard link fails on an existing name: no race replaces a file
         # that appeared meanwhile.

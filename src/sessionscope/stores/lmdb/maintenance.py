@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from ...admin.outfile import OutputPathError, create_exclusive, remove_own
+from ...admin.outfile import create_exclusive, remove_own
+from ...admin.outfile import publish as publish_file
 from ...codec import decode_event
 from ...errors import IncompatibleStoreError, StoreError, UnsafeStoreError
 from ..records import SessionRecord
@@ -374,25 +375,11 @@ PARTIAL_COPY = "data.mdb.partial"
 def publish(source: Path, target: Path) -> None:
     """Move the file ``source`` to ``target``, which must not exist, durably.
 
-    A hard link never replaces an existing name, so a file that appeared
-    at ``target`` meanwhile (another run's) is refused, never overwritten,
-    and ``source`` is left for the caller to remove. Once linked, ``source``
-    is unlinked at once, then the directory synced.
+    As ``outfile.publish`` (a file that appeared at ``target`` meanwhile is
+    refused, never overwritten, and ``source`` left for the caller to
+    remove), then the directory synced, so that the name survives a crash.
     """
-    try:
-        os.link(source, target, follow_symlinks=False)
-    except FileExistsError:
-        raise OutputPathError(
-            f"{target} appeared while the copy was written (another run writing there?)",
-            hint="make sure no other run writes there, then give a new or empty directory",
-        ) from None
-    except OSError:
-        # A file system without hard links: rename, after a last check.
-        if os.path.lexists(target):
-            raise OutputPathError(f"{target} appeared while the copy was written") from None
-        os.rename(source, target)
-    else:
-        os.unlink(source)
+    publish_file(source, target)
     _fsync(target.parent)
 
 
