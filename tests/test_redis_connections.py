@@ -78,6 +78,47 @@ def test_the_async_face_reconnects(servers: tuple[str, list[RedisServer]]) -> No
     assert len(events) == 3 and state == {"n": 2} and [s.id for s in listed] == ["s"]
 
 
+def test_the_first_calls_of_a_loop_make_one_client(
+    servers: tuple[str, list[RedisServer]],
+) -> None:
+    """Many first calls at once wait for one client rather than each making one to close.
+
+    On a cluster a client's making takes round trips to every node: each of
+    hundreds of first calls making its own, and all but one closing theirs
+    again, could time out closing them on a loaded machine.
+    """
+    from sessionscope.stores import open_store
+
+    url, _ = servers
+    store = open_store(url)
+    made: list[Any] = []
+    make = store._new_client
+
+    def counted(*, asynchronous: bool) -> Any:
+        client = make(asynchronous=asynchronous)
+        made.append(asynchronous)
+        return client
+
+    store._new_client = counted  # type: ignore[method-assign]
+
+    async def go() -> int:
+        svc = SessionService(store)
+        sessions = await asyncio.gather(
+            *(svc.create_session(app_name=APP, user_id=f"first-{i}") for i in range(50))
+        )
+        return len({s.id for s in sessions})
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            assert run(go()) == 50
+            assert made == [True]  # one asyncio client for the loop
+            assert run(go()) == 50  # a new loop: a client of its own
+            assert made == [True, True]
+    finally:
+        store.close()
+
+
 def test_more_calls_at_once_than_connections_wait_for_one(
     servers: tuple[str, list[RedisServer]],
 ) -> None:

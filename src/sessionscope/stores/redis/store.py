@@ -217,6 +217,8 @@ class _AsyncRedisStore:
         self._store = store
         self._lock = threading.Lock()
         self._runners: dict[asyncio.AbstractEventLoop, tuple[_AsyncRunner, Any]] = {}
+        # Per loop whose client is being made: what its other tasks wait for.
+        self._making: dict[asyncio.AbstractEventLoop, asyncio.Future[_AsyncRunner | None]] = {}
 
     async def _runner(self) -> _AsyncRunner:
         self._store._check_open()
@@ -225,36 +227,65 @@ class _AsyncRedisStore:
         known = self._runners.get(loop)
         if known is not None:
             return known[0]
+        while True:
+            with self._lock:
+                found = self._runners.get(loop)
+                # Clients of loops that have closed were closed with them.
+                for other in [lp for lp in self._runners if lp.is_closed()]:
+                    del self._runners[other]
+                for other in [lp for lp in self._making if lp.is_closed()]:
+                    del self._making[other]
+                making = self._making.get(loop) if found is None else None
+                if found is None and making is None:
+                    made: asyncio.Future[_AsyncRunner | None] = loop.create_future()
+                    self._making[loop] = made
+            if found is not None:
+                return found[0]
+            if making is None:
+                return await self._make_runner(loop, made)
+            # One task of a loop makes its client (connecting to a cluster's
+            # nodes takes round trips); the others of that loop wait for it,
+            # rather than each making one to close again.
+            runner = await asyncio.shield(making)
+            if runner is not None:
+                return runner
+            # Its maker was cancelled: the next to come makes it.
+
+    async def _make_runner(
+        self, loop: asyncio.AbstractEventLoop, made: asyncio.Future[_AsyncRunner | None]
+    ) -> _AsyncRunner:
+        """Make this loop's client and runner, and hand them to the tasks waiting for them."""
+        try:
+            client = self._store._new_client(asynchronous=True)
+            if self._store.cluster:
+                # Its first command would find the nodes: find them here, so that
+                # a cluster that is not there is a StoreError like any other.
+                try:
+                    await client.initialize()
+                except (*_REDIS_ERRORS, OSError) as error:
+                    await client.aclose()
+                    raise _failure(error, self._store.where) from error
+            runner = _AsyncRunner(client, self._store.where, self._store.cluster)
+            # asyncio.run finalizes live async generators before closing its
+            # loop: this one closes the client there, inside the loop.
+            guard = _close_with_loop(client)
+            await guard.__anext__()
+        except Exception as error:
+            with self._lock:
+                self._making.pop(loop, None)
+            made.set_exception(error)
+            made.exception()  # retrieved: waiting tasks, if any, raise it
+            raise
+        except BaseException:
+            # Cancelled: a task still waiting makes the client instead.
+            with self._lock:
+                self._making.pop(loop, None)
+            made.set_result(None)
+            raise
         with self._lock:
-            found = self._runners.get(loop)
-            # Clients of loops that have closed were closed with them.
-            for other in [lp for lp in self._runners if lp.is_closed()]:
-                del self._runners[other]
-        if found is not None:
-            return found[0]
-        client = self._store._new_client(asynchronous=True)
-        if self._store.cluster:
-            # Its first command would find the nodes: find them here, so that
-            # a cluster that is not there is a StoreError like any other.
-            try:
-                await client.initialize()
-            except (*_REDIS_ERRORS, OSError) as error:
-                await client.aclose()
-                raise _failure(error, self._store.where) from error
-        runner = _AsyncRunner(client, self._store.where, self._store.cluster)
-        # asyncio.run finalizes live async generators before closing its
-        # loop: this one closes the client there, inside the loop.
-        guard = _close_with_loop(client)
-        await guard.__anext__()
-        with self._lock:
-            found = self._runners.get(loop)
-            if found is None:
-                self._runners[loop] = (runner, guard)
-        if found is not None:
-            # Another task of this loop made a client while this one waited
-            # for the cluster's nodes: that one is kept, this one closed.
-            await guard.aclose()
-            return found[0]
+            self._runners[loop] = (runner, guard)
+            self._making.pop(loop, None)
+        made.set_result(runner)
         return runner
 
     async def _run(self, make: Callable[[], Plan[T]]) -> T:
