@@ -77,10 +77,14 @@ OPEN_HERE: set[tuple[int, int] | None] = set()
 INHERITED: set[tuple[int, int] | None] = set()
 
 
-def probe(path: Path, verify: bool = False) -> None:
-    """Refuse a path that is not ours before LMDB creates or writes a file there."""
+def probe(path: Path, verify: bool = False) -> bool:
+    """Refuse a path that is not ours before LMDB creates or writes a file there.
+
+    Return whether another process has the store open (holds a lock on its
+    lock.mdb), asked here, before this process's LMDB opens the file.
+    """
     if not path.exists():
-        return
+        return False
     data = path / "data.mdb"
     if not data.exists():
         if any(entry != "lock.mdb" for entry in os.listdir(path)):
@@ -88,7 +92,7 @@ def probe(path: Path, verify: bool = False) -> None:
                 f"{path} is not empty and holds no store",
                 hint="pick an empty or new directory",
             )
-        return
+        return in_use(path / "lock.mdb")
     try:
         with open(data, "rb") as file:
             header = file.read(20)
@@ -114,18 +118,19 @@ def probe(path: Path, verify: bool = False) -> None:
         # recycling (and trip LMDB's own assertions). The format is
         # checked by the opening transaction instead, which writes
         # nothing when it refuses.
-        return
+        return True
     # No process has the store open. Read what the file holds read-only
     # and without the lock file, so that opening a path that is not ours
     # changes no file at all. A process may open it meanwhile: a refusal
     # is only trusted when a second and third read agree.
-    for attempt in range(3):
+    for _ in range(2):
         try:
             read_format(path)
-            return
+            return False
         except (IncompatibleStoreError, lmdb.Error):
-            if attempt == 2:
-                raise
+            pass
+    read_format(path)  # the third read's refusal stands
+    return False
 
 
 def read_format(path: Path) -> None:

@@ -87,7 +87,6 @@ from .opening import (
     DEFAULT_MAP_SIZE,
     check_options,
     check_store_files,
-    in_use,
     open_failure,
     path_uri,
     probe,
@@ -169,10 +168,9 @@ class LmdbStore:
             # Refuse a directory others could write to, planted links, and a
             # path that is not ours, before LMDB creates or writes a file there.
             check_store_files(self.path, file_mode, trust_directory)
-            probe(self.path, verify)
+            self._opened_elsewhere = probe(self.path, verify)
         except OSError as error:  # a directory that cannot be listed or read
             raise open_failure(self.path, error) from error
-        self._opened_elsewhere = in_use(self.path / "lock.mdb")
         if not self.path.exists():
             # A directory needs the search bit wherever its files are readable.
             try:
