@@ -401,3 +401,52 @@ def test_writing_app_and_user_state_sets_only_the_keys_given(store_factory: Stor
     assert store.read_user_state("app", "ada") == {"u": None}
     assert store.list_apps() == ["app"]
     assert store.list_users("app") == ["ada"]
+
+
+def _nested(levels: int) -> Any:
+    """Return a value nested ``levels`` lists deep (a str inside the innermost)."""
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_an_event_nested_as_deep_as_the_service_stores_exports_and_imports(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    # The service bounds each field of an event (and each value of its delta)
+    # from itself; in the stored record they sit one to three levels deeper.
+    from sessionscope.core import MAX_DEPTH
+
+    source = store_factory.fresh("source")
+    svc = SyncSessionService(source)
+    session = svc.create_session(app_name="app", user_id="user", session_id="deep")
+    deepest = _nested(MAX_DEPTH - 1)
+    svc.append_event(
+        session,
+        ev(ts=1.0, content=deepest, custom_metadata={"k": _nested(MAX_DEPTH - 2)}),
+    )
+    svc.append_event(session, ev(ts=2.0, delta={"deep": deepest, "user:deep": deepest}))
+    out = tmp_path / "deep.ssd"
+    export_dump(source, out)
+    target = store_factory.fresh("target")
+    import_dump(target, out)
+    assert snapshot(target) == snapshot(source)
+    back = SyncSessionService(target).get_session(app_name="app", user_id="user", session_id="deep")
+    assert back is not None and back.events[0].content == deepest
+    assert back.state["deep"] == deepest
+
+
+def test_an_event_nested_deeper_than_the_service_stores_is_refused(
+    store_factory: StoreFactory, good_dump: Path, tmp_path: Path
+) -> None:
+    from sessionscope.core import MAX_DEPTH
+
+    records = _records(good_dump)
+    at = next(i for i, record in enumerate(records) if record[0] == "event")
+    fields = codec.decode_event(records[at][3])
+    fields["custom_metadata"] = {"k": _nested(MAX_DEPTH)}
+    records[at][3] = bytes([codec.EVENT_FORMAT]) + codec.pack(fields)
+    deep = tmp_path / "deeper.ssd"
+    _write_records(deep, records)
+    _refused(store_factory(), deep, r"event\['custom_metadata'\]\['k'\].*nested too deeply")

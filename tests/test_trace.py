@@ -179,3 +179,39 @@ def test_export_keeps_initial_and_orphaned_shared_state(tmp_path: Path) -> None:
         "user:tier": "pro",
         "app:from_gone": 1,
     }
+
+
+def test_an_event_as_deep_as_the_service_stores_exports_and_replays(tmp_path: Path) -> None:
+    # Each field of an event, and each value of its delta, may nest as deep as
+    # the service stores; in a trace they sit a few levels below the record.
+    from sessionscope import Event, EventActions
+    from sessionscope.core import MAX_DEPTH
+
+    def nested(levels: int, leaf: object) -> object:
+        value = leaf
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    deepest = nested(MAX_DEPTH - 1, b"raw")  # bytes, so reading the trace decodes it
+    source = SyncSessionService(MemoryStore())
+    session = source.create_session(app_name="app", user_id="user", session_id="deep")
+    source.append_event(
+        session,
+        Event(
+            author="agent",
+            timestamp=1.0,
+            custom_metadata={"k": deepest},
+            actions=EventActions(state_delta={"deep": deepest}),
+        ),
+    )
+    out = tmp_path / "deep.jsonl"
+    export_trace(source.store, "app", out)
+    _, records = load_trace(out)
+    copy = NativeTarget("memory://")
+    assert replay(copy, records, progress=False).problems == []
+    back = copy.service.get_session(app_name="app", user_id="user", session_id="deep")
+    assert back is not None
+    assert back.events[0].custom_metadata == {"k": deepest}
+    assert back.state["deep"] == deepest
+    copy.close()

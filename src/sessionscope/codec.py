@@ -14,11 +14,12 @@ from typing import Any
 
 import msgpack
 
-from .core import check_storable
-from .errors import CorruptStoreError, IncompatibleStoreError
+from .core import check_delta, check_storable
+from .errors import CorruptStoreError, IncompatibleStoreError, StateValueError
 
 __all__ = [
     "EVENT_FORMAT",
+    "check_event_values",
     "decode_event",
     "decode_stored",
     "decode_value",
@@ -130,6 +131,31 @@ def decode_event(data: bytes) -> Any:
             hint="upgrade sessionscope to read this store",
         )
     return decode_stored(memoryview(data)[1:], "an event record")
+
+
+def check_event_values(fields: Mapping[Any, Any], root: str = "event") -> None:
+    """Raise StateValueError unless an event record's values are what the service stores.
+
+    For records from outside (dumps, traces). The service bounds the nesting
+    of each field of an event, and of each value of its state delta, from
+    that value, not from the record holding them: checked whole, an event it
+    stores could be up to three levels too deep, and would export but never
+    import. ``root`` names the record in messages.
+    """
+    for name, value in fields.items():
+        if not isinstance(name, str):
+            raise StateValueError(f"{root} has a field named by a {type(name).__name__}")
+        where = f"{root}[{name!r}]"
+        if name != "actions" or not isinstance(value, Mapping):
+            check_storable(value, where)
+            continue
+        for action, item in value.items():
+            if not isinstance(action, str):
+                raise StateValueError(f"{where} has a field named by a {type(action).__name__}")
+            if action == "state_delta" and isinstance(item, Mapping):
+                check_delta(item, f"{where}[{action!r}]")
+            else:
+                check_storable(item, f"{where}[{action!r}]")
 
 
 def unreadable_event(error: Exception) -> CorruptStoreError:

@@ -43,7 +43,7 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from ..codec import decode_event, pack, unpack
+from ..codec import check_event_values, decode_event, pack, unpack
 from ..core import TEMP_PREFIX, Scope, check_storable, scope_of
 from ..errors import DumpError
 from ..service.core import check_app_name, check_id, check_session_id
@@ -579,7 +579,7 @@ def _event(reader: _Reader, event: list[Any], where: str) -> EventCopy:
             f"dumped at {stamp!r} but its record says {_cut(repr(fields.get('timestamp')))}"
         )
     try:
-        check_storable(fields, "event")
+        check_event_values(fields)
     except (TypeError, ValueError) as error:
         raise reader.error(f"has an event {event_id!r} in {where}: {_cut(str(error))}") from None
     if fields.get("partial") is True:

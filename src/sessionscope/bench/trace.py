@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..admin.outfile import output_file
-from ..core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_storable
+from ..codec import check_event_values
+from ..core import APP_PREFIX, MAX_DEPTH, TEMP_PREFIX, USER_PREFIX, check_delta, check_storable
 from ..model import GetSessionConfig
 from ..service.core import check_app_name, check_id, check_session_id, event_to_record
 from ..service.facade import SyncSessionService
@@ -81,15 +82,22 @@ class TraceError(ValueError):
 
 def encode_value(value: Any) -> Any:
     """Return ``value`` with bytes (and tag-like maps) made JSON-safe."""
+    # Plain loops, not comprehensions: one frame per level of nesting, so
+    # that a value as deep as the service stores fits the interpreter's stack.
     if isinstance(value, (str, int, float)) or value is None:
         return value
     if isinstance(value, dict):
-        encoded = {key: encode_value(item) for key, item in value.items()}
+        encoded = {}
+        for key, item in value.items():
+            encoded[key] = encode_value(item)
         if len(value) == 1 and next(iter(value)).startswith("$"):
             return {"$map": encoded}
         return encoded
     if isinstance(value, (list, tuple)):
-        return [encode_value(item) for item in value]
+        items = []
+        for item in value:
+            items.append(encode_value(item))
+        return items
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     raise TypeError(f"{type(value).__name__} cannot be written to a trace")
@@ -98,8 +106,9 @@ def encode_value(value: Any) -> Any:
 def decode_value(value: Any) -> Any:
     """Return the value ``encode_value`` encoded; TraceError for a tag that holds no such value.
 
-    Nesting deeper than the service stores (``core.MAX_DEPTH``) is refused
-    before it can exhaust the interpreter's stack.
+    Nesting deeper than the service stores (``core.MAX_DEPTH`` below a
+    record's own levels) is refused before it can exhaust the interpreter's
+    stack.
     """
     try:
         return _decode(value, 0)
@@ -107,9 +116,15 @@ def decode_value(value: Any) -> Any:
         raise TraceError(f"a value is nested too deeply (over {MAX_DEPTH} levels)") from None
 
 
+# The levels of a record above the values the service bounds: the record,
+# its event, the event's actions and their state delta. The service checks
+# each value from itself, so a record may be this much deeper as a whole.
+_RECORD_LEVELS = 4
+
+
 def _decode(value: Any, depth: int) -> Any:
     # Plain loops, not comprehensions: one frame per level of nesting.
-    if depth > MAX_DEPTH:
+    if depth > MAX_DEPTH + _RECORD_LEVELS:
         raise TraceError(f"a value is nested too deeply (over {MAX_DEPTH} levels)")
     if isinstance(value, dict):
         if len(value) == 1:
@@ -312,8 +327,15 @@ def check_record(record: Any, where: str = "record") -> None:
         raise TraceError(f"{where}: a record must be a JSON object")
     try:
         # Every value of a record goes to the service: refuse here what it
-        # would (nesting over core.MAX_DEPTH, a lone surrogate, a huge int).
-        check_storable(record, "record")
+        # would (nesting over core.MAX_DEPTH, a lone surrogate, a huge int),
+        # each value bounded from itself as the service bounds it.
+        for name, value in record.items():
+            if name == "event" and isinstance(value, dict):
+                check_event_values(value, "record['event']")
+            elif name == "state" and isinstance(value, dict):
+                check_delta(value, "record['state']")
+            else:
+                check_storable({name: value}, "record")
     except (TypeError, ValueError) as error:
         raise TraceError(f"{where}: {error}") from None
     op = record.get("op")
