@@ -305,6 +305,39 @@ def test_a_user_created_again_after_erasure_gets_a_new_key(place: Place) -> None
         store.close()
 
 
+def test_an_old_dump_imported_after_an_erased_user_came_back_leaves_her_new_state_readable(
+    place: Place, tmp_path: Path
+) -> None:
+    # ada is erased, then comes back (new keys, a new user map). An old
+    # dump imported then holds her user map under the erased key: set over
+    # the new map, a value no one can read would make every read of her
+    # sessions fail. It is left out; her old sessions still come in, and
+    # still say the key was erased.
+    store = place.open()
+    try:
+        fill(store)
+        dump = tmp_path / "old.ssd"
+        export_dump(store, dump)
+        svc = SyncSessionService(store)
+        svc.delete_user(app_name="shop", user_id="ada")
+        svc.create_session(
+            app_name="shop", user_id="ada", session_id="back", state={"user:card": "new"}
+        )
+        counts = import_dump(store, dump)
+        assert counts.erased_values == 1
+        back = svc.get_session(app_name="shop", user_id="ada", session_id="back")
+        assert back is not None and back.state["user:card"] == "new"
+        assert store.read_user_state("shop", "ada") == {"card": "new"}
+        with pytest.raises(KeyErasedError, match="erased"):
+            svc.get_session(app_name="shop", user_id="ada", session_id="s1")
+        assert readable(store, "bob")
+        # Importing again changes nothing more.
+        assert import_dump(store, dump).erased_values == 1
+        assert store.read_user_state("shop", "ada") == {"card": "new"}
+    finally:
+        store.close()
+
+
 _COME_BACK = """
 import json, sys
 from sessionscope import SyncSessionService

@@ -33,6 +33,7 @@ levels deep; an export refuses a store with a record over them.
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import sys
 from collections.abc import Callable, Generator
@@ -51,6 +52,7 @@ from ..stores.protocol import Store
 from ..stores.records import (
     ENCRYPTION_MARKER_APP,
     EventCopy,
+    Items,
     SessionCopy,
     SessionRecord,
     copies_equal,
@@ -59,6 +61,8 @@ from ..stores.records import (
 from ..stores.rules import check_copy, finite_float
 from .ops import SessionChangedError, event_pages, session_records
 from .outfile import output_file
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DUMP_FORMAT",
@@ -94,7 +98,11 @@ class DumpCounts:
 
     An import also says how many of the dump's sessions (and their events)
     it skipped, because an equal copy was already stored: importing a dump
-    a second time skips them all.
+    a second time skips them all. Into an encrypted store, it says how many
+    user and app state values it left out (``erased_values``): values
+    sealed under data keys erased since the dump was made, of users (or
+    apps) who came back meanwhile, which no one could read and which would
+    make their new state unreadable.
     """
 
     apps: int = 0
@@ -103,6 +111,7 @@ class DumpCounts:
     events: int = 0
     skipped_sessions: int = 0
     skipped_events: int = 0
+    erased_values: int = 0
 
 
 def read_copy(store: Store, app_name: str, user_id: str, session_id: str) -> SessionCopy | None:
@@ -296,15 +305,22 @@ def import_dump(
     ``progress(n)`` is called with the number of records just imported.
     """
     path = Path(source)
-    store = _import_target(store, path)
+    target = _import_target(store, path)
+    # A dump of an encrypted store goes below it as ciphertext: see _Erased.
+    erased = _Erased(_encrypted_store(store)) if target is not store else None
+    store = target
     counts = _check(store, path)
     skipped_sessions = skipped_events = 0
     for item in _items(path):
         if item[0] == "app":
-            store.write_app_state(item[1], item[2]).result()
+            items = item[2] if erased is None else erased.held_items(item[1], None, item[2])
+            if items:
+                store.write_app_state(item[1], items).result()
             handled = 1
         elif item[0] == "user":
-            store.write_user_state(item[1], item[2], item[3]).result()
+            items = item[3] if erased is None else erased.held_items(item[1], item[2], item[3])
+            if items:
+                store.write_user_state(item[1], item[2], items).result()
             handled = 1
         else:
             copy: SessionCopy = item[1]
@@ -314,7 +330,43 @@ def import_dump(
             handled = 1 + len(copy.events)
         if progress is not None:
             progress(handled)
-    return replace(counts, skipped_sessions=skipped_sessions, skipped_events=skipped_events)
+    counts = replace(counts, skipped_sessions=skipped_sessions, skipped_events=skipped_events)
+    if erased is not None and erased.values:
+        _log.warning(
+            "the import left out %d user or app state values sealed under data keys erased "
+            "since the dump was made, of users or apps that came back meanwhile",
+            erased.values,
+        )
+        counts = replace(counts, erased_values=erased.values)
+    return counts
+
+
+class _Erased:
+    """What an import of an encrypted dump leaves out: erased values over a returning user's.
+
+    A user (or app) erased after the dump was made has no data keys, and
+    nothing of theirs in the dump reads again: imported, each read of it says
+    the key was erased. But once that user came back (new keys, a new user
+    map), an old value set in the map would make the whole map, so every
+    session of theirs, unreadable. Those values are left out, and counted.
+    """
+
+    def __init__(self, encrypted: Any) -> None:
+        self._store = encrypted
+        self.values = 0
+
+    def held_items(self, app: str, user: str | None, items: Items) -> Items:
+        """Return the items to write to a user's (or an app's) map; count those left out."""
+        if app == ENCRYPTION_MARKER_APP:
+            return items  # the marker is not sealed
+        kept = [item for item in items if not self._left_out(app, user, item[1])]
+        self.values += len(items) - len(kept)
+        return kept
+
+    def _left_out(self, app: str, user: str | None, packed: bytes) -> bool:
+        # A dump keeps each value packed as the store below keeps it: the sealed bytes, packed.
+        sealed = unpack(packed)
+        return isinstance(sealed, bytes) and self._store.erased_over_new_keys(app, user, sealed)
 
 
 def check_dump(source: str | os.PathLike[str]) -> DumpCounts:

@@ -759,6 +759,8 @@ def import_command(args: argparse.Namespace) -> int:
             "sessions skipped (stored already, equal)": skipped["sessions"],
             "events skipped (stored already, equal)": skipped["events"],
         }
+        if counts.erased_values:
+            rows["state values left out (erased, the user came back)"] = counts.erased_values
         return _counts_text(f"imported from {source}", rows)
 
     _emit(args, document, text)

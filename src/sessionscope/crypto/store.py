@@ -37,6 +37,7 @@ from ..errors import (
     CorruptStoreError,
     EncryptionKeyError,
     IncompatibleStoreError,
+    KeyErasedError,
     StoreNotFoundError,
 )
 from ..stores.completion import Completion
@@ -857,6 +858,32 @@ class EncryptedStore:
         rotated = self._keyring.rotate(scope)
         self._forget()
         return rotated
+
+    def erased_over_new_keys(self, app_name: str, user_id: str | None, sealed: bytes) -> bool:
+        """Tell whether a sealed state value is under an erased data key of a user who came back.
+
+        The value is of a user's map (of the app's map without ``user_id``).
+        True when its data key was erased and the user (or app) has keys
+        again: such a value, set in the map it came from, could be read by
+        nobody and would make the whole map, so every session of that user,
+        unreadable. An import leaves it out. While the user has no keys, an
+        erased value is False here: it is imported, and reading it says the
+        key was erased. A value that is not sealed is False too: opening it
+        says what is wrong with it.
+        """
+        scope = app_scope(app_name) if user_id is None else user_scope(app_name, user_id)
+        try:
+            _, key_id = split(sealed)
+        except (TypeError, ValueError):
+            return False
+        keyring = self._keyring
+        if keyring.cached(scope, key_id) is not None or keyring.keys.get(scope) is None:
+            return False
+        try:
+            keyring.cipher(scope, key_id, "a sealed value")
+        except KeyErasedError:
+            return True
+        return False
 
 
 class _AsyncEncrypted:
