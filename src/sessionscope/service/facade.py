@@ -9,6 +9,7 @@ The core never learns which store it has.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
@@ -314,12 +315,56 @@ class SessionService(AsyncSessions[Session, Event]):
         )
 
 
+# A sync append waiting for its turn: the lock it blocks on (released when the
+# turn comes) and whether the append is locked.
+_Waiter = tuple[threading.Lock, bool]
+# The running count of an object whose one running append is a plain one.
+_PLAIN_RUNS = -1
+
+
+class _Turns:
+    """The sync appends through one live session object that run, and those waiting."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self, running: int) -> None:
+        # _PLAIN_RUNS, or how many locked appends run (0: none).
+        self.running = running
+        self.waiting: deque[_Waiter] = deque()
+
+    def admit(self) -> None:
+        """Let the waiters at the head run, in arrival order, as far as they can.
+
+        A plain append runs alone; locked ones run together. Called with the
+        turns lock held.
+        """
+        waiting = self.waiting
+        while waiting:
+            wake, locked = waiting[0]
+            if self.running == 0 and not locked:
+                self.running = _PLAIN_RUNS
+            elif self.running >= 0 and locked:
+                self.running += 1
+            else:
+                return
+            waiting.popleft()
+            wake.release()
+
+
 class SyncSessionService:
     """The synchronous twin of SessionService, for scripts, replay and threads."""
 
     def __init__(self, store: Store | str | None = None) -> None:
         self.store = _resolve_store(store)
         self._core: ServiceCore[Session, Event] = ServiceCore(NativeModel())
+        # Per live session object (by id) with an append in flight: how many
+        # run (_PLAIN_RUNS: one plain append, alone; n > 0: n locked ones),
+        # or, once a thread waits, a _Turns with the waiters. The appends in
+        # flight and waiting hold the object, so no other object takes its id
+        # while its entry is here. One lock guards the map, never held while
+        # an append waits or runs.
+        self._turns: dict[int, int | _Turns] = {}
+        self._turns_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"SyncSessionService({self.store!r})"
@@ -383,23 +428,106 @@ class SyncSessionService:
         self.store.delete_session(*self._core.check_key(app_name, user_id, session_id)).result()
 
     def append_event(self, session: Session, event: Event) -> Event:
-        """Append an event to a session read before; stale copies are refused."""
+        """Append an event to a session read before; stale copies are refused.
+
+        Threads appending through one live session object take turns, in
+        arrival order, so the owner of the object is never refused as stale;
+        another copy read at the same revision still is.
+        """
         return self._append(session, event, locked=False)
 
     def append_event_locked(self, session: Session, event: Event) -> Event:
-        """Append on top of what is stored, and bring the live session up to date."""
+        """Append on top of what is stored, and bring the live session up to date.
+
+        Threads may append locked through one live session object at once;
+        a plain ``append_event`` through it waits for them, and they for it.
+        """
         return self._append(session, event, locked=True)
 
     def _append(self, session: Session, event: Event, locked: bool) -> Event:
-        prepared = self._core.prepare_append(session, event, locked)
-        if prepared is None:
-            return event
+        # A plain append is prepared with the revision the object holds and
+        # brings it forward when it lands: a second append through the same
+        # object landing meanwhile would make it stale, though the object is
+        # the only copy. So a plain append runs alone on its object. Locked
+        # appends skip the stale check and merge in any order (finish_append),
+        # so they run together, keeping a durable store's group commit.
+        key = id(session)
+        turns = self._turns
+        with self._turns_lock:
+            running = turns.get(key)
+            if running is None:
+                turns[key] = 1 if locked else _PLAIN_RUNS
+                waiter = None
+            elif locked and isinstance(running, int) and running > 0:
+                turns[key] = running + 1
+                waiter = None
+            else:
+                waiter = self._queue_turn(key, running, locked)
+        if waiter is not None:
+            self._wait_turn(key, waiter)
         try:
-            result = self.store.append(prepared).result()
+            prepared = self._core.prepare_append(session, event, locked)
+            if prepared is None:
+                return event
+            try:
+                result = self.store.append(prepared).result()
+            except BaseException:
+                self._core.abandon_append(event, prepared)
+                raise
+            return self._core.finish_append(session, event, prepared, result)
+        finally:
+            with self._turns_lock:
+                running = turns[key]
+                if isinstance(running, _Turns):
+                    self._end_turn(key, running)
+                elif running == _PLAIN_RUNS or running == 1:
+                    del turns[key]
+                else:
+                    turns[key] = running - 1
+
+    def _queue_turn(self, key: int, running: int | _Turns, locked: bool) -> _Waiter | None:
+        """Queue an append behind those on the same object; None if it may run now.
+
+        Called with the turns lock held.
+        """
+        turns = running if isinstance(running, _Turns) else _Turns(running)
+        self._turns[key] = turns
+        if locked and turns.running > 0 and not turns.waiting:
+            turns.running += 1
+            return None
+        wake = threading.Lock()
+        wake.acquire()
+        waiter = (wake, locked)
+        turns.waiting.append(waiter)
+        return waiter
+
+    def _wait_turn(self, key: int, waiter: _Waiter) -> None:
+        """Wait until the appends before this one on the same live object let it run."""
+        try:
+            waiter[0].acquire()
         except BaseException:
-            self._core.abandon_append(event, prepared)
+            # Interrupted (KeyboardInterrupt): leave the queue, or, if the
+            # turn came meanwhile, hand it on.
+            with self._turns_lock:
+                turns = self._turns[key]
+                assert isinstance(turns, _Turns)
+                if waiter in turns.waiting:
+                    turns.waiting.remove(waiter)
+                    turns.admit()
+                else:
+                    self._end_turn(key, turns)
             raise
-        return self._core.finish_append(session, event, prepared, result)
+
+    def _end_turn(self, key: int, turns: _Turns) -> None:
+        """End one running append on an object others waited on; let the next run.
+
+        Called with the turns lock held.
+        """
+        turns.running = turns.running - 1 if turns.running > 0 else 0
+        if turns.running == 0 and not turns.waiting:
+            del self._turns[key]
+        else:
+            turns.admit()
 
     def append_many(self, appends: Iterable[tuple[Session, Event]]) -> list[Event]:
         """Append many events in as few transactions as the store can: replay and import.
