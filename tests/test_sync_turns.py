@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,8 +18,9 @@ import pytest
 
 import _stores
 from _stores import APP, USER, StoreFactory, ev, event_ids
-from sessionscope import Event, Session, SyncSessionService
+from sessionscope import Event, MemoryStore, Session, SyncSessionService
 from sessionscope.errors import StaleSessionError
+from sessionscope.stores.records import AppendRequest
 
 store_factory = _stores.store_factory
 
@@ -190,4 +192,112 @@ def test_a_store_error_releases_the_turn(store_factory: StoreFactory) -> None:
         failures = _run_threads(worker, count=4)
         assert len(failures) == 4
         assert all(isinstance(error, ValueError) for error in failures)
+        _assert_no_turn_left(svc)
+
+
+class _GatedStore(MemoryStore):
+    """A memory store that holds the appends of chosen events until the gate opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def append(self, request: AppendRequest) -> Any:
+        if request.event_id in self.held:
+            self.entered.set()
+            assert self.gate.wait(30)
+        return super().append(request)
+
+
+def _waiting_on(svc: SyncSessionService, session: Session) -> int:
+    """Return how many appends wait for their turn on ``session`` (0 when none)."""
+    with svc._turns_lock:
+        turns = svc._turns.get(id(session))
+        return len(turns.waiting) if hasattr(turns, "waiting") else 0
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_other_objects_do_not_wait_for_an_append_in_flight() -> None:
+    """Another session, or another copy of the same one, appends while one object's waits."""
+    store = _GatedStore()
+    with SyncSessionService(store) as svc:
+        live = svc.create_session(app_name=APP, user_id=USER)
+        other = svc.create_session(app_name=APP, user_id=USER)
+        copy = svc.get_session(app_name=APP, user_id=USER, session_id=live.id)
+        assert copy is not None
+        held = ev(delta={"a": 1})
+        store.held.add(held.id)
+        failures: list[BaseException] = []
+
+        def hold() -> None:
+            try:
+                svc.append_event(live, held)
+            except BaseException as error:  # reported by the test thread
+                failures.append(error)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        try:
+            assert store.entered.wait(30)
+            svc.append_event(other, ev(delta={"b": 1}))
+            svc.append_event(copy, ev(delta={"c": 1}))
+        finally:
+            store.gate.set()
+            thread.join(30)
+        assert not thread.is_alive()
+        # The copy landed first: the held append, prepared at the same
+        # revision, is stale (a copy, not the same object).
+        assert [type(error) for error in failures] == [StaleSessionError]
+        _assert_no_turn_left(svc)
+
+
+def test_appends_through_one_object_run_in_arrival_order() -> None:
+    store = _GatedStore()
+    with SyncSessionService(store) as svc:
+        live = svc.create_session(app_name=APP, user_id=USER)
+        first = ev(delta={"n": 1})
+        store.held.add(first.id)
+        later = [(svc.append_event, ev(delta={"n": 2})),
+                 (svc.append_event_locked, ev(delta={"n": 3})),
+                 (svc.append_event_locked, ev(delta={"n": 4})),
+                 (svc.append_event, ev(delta={"n": 5}))]  # fmt: skip
+        failures: list[BaseException] = []
+
+        def append(how: Callable[[Session, Event], Event], event: Event) -> None:
+            try:
+                how(live, event)
+            except BaseException as error:  # reported by the test thread
+                failures.append(error)
+
+        threads = [threading.Thread(target=append, args=(svc.append_event, first))]
+        threads[0].start()
+        try:
+            assert store.entered.wait(30)
+            for waiting, (how, event) in enumerate(later, 1):
+                threads.append(threading.Thread(target=append, args=(how, event)))
+                threads[-1].start()
+                _until(lambda n=waiting: _waiting_on(svc, live) == n)
+        finally:
+            store.gate.set()
+            for thread in threads:
+                thread.join(30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert failures == []
+        stored = svc.get_session(app_name=APP, user_id=USER, session_id=live.id)
+        assert stored is not None
+        # The two locked appends ran together: their order between them is free.
+        expected = [first.id, later[0][1].id, *sorted(e.id for _, e in later[1:3])]
+        got = event_ids(stored)
+        assert got[:2] == expected[:2] and sorted(got[2:4]) == expected[2:]
+        assert got[4] == later[3][1].id
+        assert event_ids(live) == got
+        assert live.state["n"] == 5
         _assert_no_turn_left(svc)
