@@ -14,7 +14,7 @@ import lmdb
 import pytest
 
 import _stores
-from _stores import APP, USER, StoreFactory, ev, event_ids
+from _stores import APP, USER, StoreFactory, ev, event_ids, run
 from sessionscope import (
     GetSessionConfig,
     LmdbStore,
@@ -25,6 +25,7 @@ from sessionscope import (
 )
 from sessionscope.errors import SessionNotFoundError, StaleSessionError
 from sessionscope.stores import open_store
+from sessionscope.stores.records import event_copy
 
 store_factory = _stores.store_factory
 lmdb_factory = _stores.lmdb_factory
@@ -659,3 +660,84 @@ def test_lmdb_layout_is_consistent_after_every_removal(lmdb_factory: StoreFactor
     svc.expire_sessions(idle_for=0)
     assert store.check_layout() == []
     assert _entries(store)["sessions"] == 0
+
+
+# -- a pop conditional on the newest event ------------------------------------------
+
+
+@pytest.fixture(params=(*_stores.STORE_KINDS, *_stores.ENCRYPTED_KINDS))
+def any_store_factory(
+    request: pytest.FixtureRequest, tmp_path: Any
+) -> Any:  # every kind, plain and encrypted
+    yield from _stores.factory_of_param(request, tmp_path)
+
+
+def _popped_ids(records: list[bytes]) -> list[str]:
+    return [event_copy(record).event_id for record in records]
+
+
+async def _pop_async(store: Any, *args: Any, **options: Any) -> list[bytes]:
+    """Pop through the store's async face, from inside an event loop."""
+    popped: list[bytes] = await store.aio.pop_events(*args, **options)
+    return popped
+
+
+def _as_stored(store: Any, sid: str) -> tuple[Any, list[bytes]]:
+    """Return a session's record and every stored event, as the store reads them."""
+    loaded = store.load_session(APP, USER, sid, None, None)
+    assert loaded is not None
+    return loaded.record, loaded.events
+
+
+def test_a_pop_conditional_on_the_newest_event(any_store_factory: StoreFactory) -> None:
+    """The events go only while the newest is the one named; otherwise nothing moves."""
+    store = any_store_factory()
+    svc = SyncSessionService(store)
+    session = _filled(svc, "s", [1.0, 2.0, 3.0, 4.0])
+    ids = event_ids(session)
+    before = _as_stored(store, "s")
+    for stale in (ids[2], ids[0], "never-stored"):
+        with pytest.raises(StaleSessionError, match="nothing was removed"):
+            store.pop_events(APP, USER, "s", 2, if_last_event_id=stale).result()
+        assert _as_stored(store, "s") == before
+    # The newest named: the pop happens, and again on what is left (a gap now).
+    popped = store.pop_events(APP, USER, "s", 1, if_last_event_id=ids[3]).result()
+    assert _popped_ids(popped) == ids[3:]
+    with pytest.raises(StaleSessionError):
+        store.pop_events(APP, USER, "s", 1, if_last_event_id=ids[3]).result()
+    popped = store.pop_events(APP, USER, "s", 2, if_last_event_id=ids[2]).result()
+    assert _popped_ids(popped) == ids[1:3]
+    record, events = _as_stored(store, "s")
+    assert _popped_ids(events) == ids[:1] and record.last_event_id == ids[0]
+    # The async face takes the condition too.
+    with pytest.raises(StaleSessionError):
+        run(_pop_async(store, APP, USER, "s", 1, if_last_event_id=ids[1]))
+    assert _popped_ids(run(_pop_async(store, APP, USER, "s", 5, if_last_event_id=ids[0]))) == [
+        ids[0]
+    ]
+    # An empty session has no newest event: the condition fails, unlike a plain pop.
+    with pytest.raises(StaleSessionError):
+        store.pop_events(APP, USER, "s", 1, if_last_event_id=ids[0]).result()
+    assert store.pop_events(APP, USER, "s", 1).result() == []
+    # A session that does not exist is not found, with a condition or without.
+    for condition in ({}, {"if_last_event_id": ids[0]}):
+        with pytest.raises(SessionNotFoundError):
+            store.pop_events(APP, USER, "missing", 1, **condition).result()
+        with pytest.raises(SessionNotFoundError):
+            run(_pop_async(store, APP, USER, "missing", 1, **condition))
+    assert svc.get_session(app_name=APP, user_id=USER, session_id="s") is not None
+
+
+def test_a_conditional_pop_after_a_truncation(store_factory: StoreFactory) -> None:
+    """Positions removed at the front (Redis: the positions set) do not confuse the check."""
+    store = store_factory()
+    svc = SyncSessionService(store)
+    ids = event_ids(_filled(svc, "s", OUT_OF_ORDER))
+    svc.truncate_events(app_name=APP, user_id=USER, session_id="s", keep_last=3)
+    before = _as_stored(store, "s")
+    with pytest.raises(StaleSessionError):
+        store.pop_events(APP, USER, "s", 1, if_last_event_id=ids[-2]).result()
+    assert _as_stored(store, "s") == before
+    popped = store.pop_events(APP, USER, "s", 1, if_last_event_id=ids[-1]).result()
+    assert _popped_ids(popped) == ids[-1:]
+    assert _popped_ids(_as_stored(store, "s")[1]) == ids[-3:-1]

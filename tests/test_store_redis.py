@@ -1240,7 +1240,7 @@ def test_importing_the_redis_package_imports_no_redis_py() -> None:
     code = (
         "import sys, sessionscope.stores.redis as r\n"
         "assert 'redis' not in sys.modules, 'imported early'\n"
-        "assert r.LIBRARY == 'sessionscope_7' and r.FORMAT_VERSION >= 1\n"
+        "assert r.LIBRARY == 'sessionscope_8' and r.FORMAT_VERSION >= 1\n"
         "assert 'redis' in sys.modules and r.RedisStore.__name__ == 'RedisStore'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -766,11 +766,19 @@ class EncryptedStore:
         return self._inner.truncate_events(app_name, user_id, session_id, before, keep_last)
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Completion[list[bytes]]:
         """Remove a session's newest events and return them, opened; see ``Store.pop_events``."""
         return _Then(
-            self._inner.pop_events(app_name, user_id, session_id, count),
+            self._inner.pop_events(
+                app_name, user_id, session_id, count, if_last_event_id=if_last_event_id
+            ),
             self._open_popped(app_name, user_id, session_id),
         )
 
@@ -947,10 +955,18 @@ class _AsyncEncrypted:
         return int(await self._aio.truncate_events(*args))
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Awaitable[list[bytes]]:
         return _Then(
-            self._aio.pop_events(app_name, user_id, session_id, count),
+            self._aio.pop_events(
+                app_name, user_id, session_id, count, if_last_event_id=if_last_event_id
+            ),
             self._store._open_popped(app_name, user_id, session_id),
         )
 

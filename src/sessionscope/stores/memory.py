@@ -40,6 +40,7 @@ from .rules import (
     check_copy,
     check_ttl,
     events_seen,
+    newest_moved,
     page_records,
     session_not_found,
 )
@@ -328,14 +329,27 @@ class MemoryStore:
             return Completion.done(removed)
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Completion[list[bytes]]:
-        """Remove a session's newest ``count`` events and return their records, oldest first."""
+        """Remove a session's newest ``count`` events and return their records, oldest first.
+
+        With ``if_last_event_id``, only if the newest stored event has that id.
+        """
         with self._lock:
             self._check_open()
             stored = self._find(app_name, user_id, session_id)
             if stored is None:
                 return Completion.failed(session_not_found(app_name, user_id, session_id))
+            if if_last_event_id is not None and (
+                not stored.seqs or stored.event_index.get(if_last_event_id) != stored.seqs[-1]
+            ):
+                return Completion.failed(newest_moved(session_id, if_last_event_id))
             keep = max(0, len(stored.events) - count)
             popped = stored.events[keep:]
             for record_bytes in popped:

@@ -174,7 +174,13 @@ class Store(Protocol):
         ...
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Completion[list[bytes]]:
         """Remove a session's newest ``count`` stored events and return their records.
 
@@ -185,6 +191,13 @@ class Store(Protocol):
         ``last_event_id`` names the newest event left, and state and
         ``last_update_time`` stay. SessionNotFoundError if the session does
         not exist.
+
+        ``if_last_event_id`` makes the pop conditional: the events go only
+        if the session's newest stored event has that id, checked in the
+        pop's own transaction (one server-side call on Redis). Otherwise
+        nothing is removed and the pop fails with StaleSessionError (an
+        empty session fails it too: it has no newest event), which a caller
+        tells apart from an empty answer: read the session again and retry.
         """
         ...
 
@@ -331,7 +344,13 @@ class AsyncStore(Protocol):
         ...
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Awaitable[list[bytes]]:
         """Remove a session's newest events; see ``Store.pop_events``."""
         ...
@@ -407,8 +426,8 @@ STORE_METHODS: tuple[str, ...] = (
 #             retention works in several transactions, some of which may wait
 #             for the disk, and the event loop goes on meanwhile.
 def _given(name: str) -> Callable[..., Any]:
-    def method(self: InlineAsyncStore, *args: Any) -> Any:
-        return getattr(self._store, name)(*args)
+    def method(self: InlineAsyncStore, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._store, name)(*args, **kwargs)
 
     return _named(method, name)
 

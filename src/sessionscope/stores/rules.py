@@ -43,6 +43,7 @@ __all__ = [
     "finite_float",
     "list_position",
     "marker_position",
+    "newest_moved",
     "page_records",
     "refuse_encrypted",
     "repeat_result",
@@ -54,6 +55,14 @@ def session_not_found(app_name: str, user_id: str, session_id: str) -> SessionNo
     """Return the error of a session that does not exist (every store raises this one)."""
     return SessionNotFoundError(
         f"session {session_id!r} of user {user_id!r} in app {app_name!r} does not exist"
+    )
+
+
+def newest_moved(session_id: str, expected_id: str) -> StaleSessionError:
+    """Return the error of a conditional pop whose session's newest event is another one."""
+    return StaleSessionError(
+        f"the newest event of session {session_id!r} is no longer {expected_id!r} "
+        "(or the session has none): nothing was removed; read it again before popping"
     )
 
 

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 from ...errors import SessionNotFoundError
 from ..completion import Completion
 from ..records import event_copy
-from ..rules import BATCH_EVENTS, BATCH_SECONDS, BATCH_SESSIONS, session_not_found
+from ..rules import (
+    BATCH_EVENTS,
+    BATCH_SECONDS,
+    BATCH_SESSIONS,
+    newest_moved,
+    session_not_found,
+)
 from .layout import (
     APP,
     EVENT,
@@ -140,13 +146,20 @@ def truncate_events(
 
 
 def pop_events(
-    writer: Writer, app_name: str, user_id: str, session_id: str, count: int
+    writer: Writer,
+    app_name: str,
+    user_id: str,
+    session_id: str,
+    count: int,
+    if_last_event_id: str | None = None,
 ) -> Completion[list[bytes]]:
     """Remove a session's newest ``count`` events in one transaction; return their records.
 
     The last positions go, as a truncation's first ones do: their id and
     time index entries with them, ``removed_count`` grows (positions are
-    not reused) and ``last_event_id`` names the newest event left.
+    not reused) and ``last_event_id`` names the newest event left. With
+    ``if_last_event_id``, only if the newest stored event has that id,
+    checked in the same transaction before anything is deleted.
     """
 
     def pop(txn: Any) -> list[bytes]:
@@ -160,6 +173,12 @@ def pop_events(
         following = after(prefix) or prefix
         positioned = cursor.prev() if cursor.set_range(following) else cursor.last()
         doomed: list[tuple[bytes, bytes]] = []  # (key, value), newest first
+        if if_last_event_id is not None and not (
+            positioned
+            and cursor.key().startswith(prefix)
+            and event_copy(bytes(cursor.value()[8:]), 0.0).event_id == if_last_event_id
+        ):
+            raise newest_moved(session_id, if_last_event_id)
         while positioned and cursor.key().startswith(prefix) and len(doomed) < count:
             doomed.append((cursor.key(), cursor.value()))
             positioned = cursor.prev()

@@ -489,10 +489,21 @@ class LmdbStore:
         )
 
     def pop_events(
-        self, app_name: str, user_id: str, session_id: str, count: int
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
     ) -> Completion[list[bytes]]:
-        """Remove a session's newest ``count`` events in one transaction; return their records."""
-        return retention.pop_events(self._writer, app_name, user_id, session_id, count)
+        """Remove a session's newest ``count`` events in one transaction; return their records.
+
+        With ``if_last_event_id``, only if the newest stored event has that id.
+        """
+        return retention.pop_events(
+            self._writer, app_name, user_id, session_id, count, if_last_event_id
+        )
 
     def expire_sessions(self, app_name: str | None, idle_before: float) -> Completion[int]:
         """Delete the sessions whose last update is before ``idle_before``, in batches."""

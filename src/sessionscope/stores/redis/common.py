@@ -34,7 +34,7 @@ FORMAT_VERSION = 2
 MAGIC = "sessionscope"
 # The function library's name carries its version: a client never calls an
 # older server-side copy by mistake, and two versions can live side by side.
-LIBRARY = "sessionscope_7"
+LIBRARY = "sessionscope_8"
 _FN = LIBRARY + "_"
 _U32 = struct.Struct(">I")
 # The fields of a session record hash, in SessionRecord's order.

@@ -1,5 +1,5 @@
-#!lua name=sessionscope_7
--- The server side of sessionscope's Redis store (library version 7).
+#!lua name=sessionscope_8
+-- The server side of sessionscope's Redis store (library version 8).
 --
 -- Every function touches the keys of one hash slot only: the keys of one
 -- (app, user) pair, or of one app. The client builds every key name and
@@ -1033,10 +1033,13 @@ local function truncate(keys, args)
 end
 
 -- KEYS: record, events, ids, times, positions, names.
--- ARGV: how many events to remove, the call's token.
+-- ARGV: how many events to remove, the call's token[, the id the newest
+--   stored event must have].
 -- Removes the newest stored events (as a truncation removes the oldest:
 -- removed count up, positions never reused) and returns their records,
--- oldest first; false when the session does not exist. A session whose
+-- oldest first; false when the session does not exist. With an id, the
+-- pop happens only if the newest stored event has it: otherwise (or when
+-- none is stored) nothing is written and the reply is 0. A session whose
 -- times were a string in position order gets the sorted set first: its
 -- stored positions no longer run from the removed count to the last.
 -- The record keeps the last call's token and reply ('pt', 'pr'): the same
@@ -1052,6 +1055,16 @@ local function pop(keys, args)
         return cmsgpack.unpack(done[2])
     end
     local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[1])
+    if args[3] then
+        -- The newest stored position: the last one until something was removed.
+        local newest = count > removed and tostring(count - 1) or nil
+        if newest and removed > 0 then
+            newest = redis.call('ZRANGE', pos_key, -1, -1)[1]
+        end
+        if not newest or redis.call('HGET', ids_key, args[3]) ~= newest then
+            return 0
+        end
+    end
     if count - removed == 0 or most <= 0 then
         redis.call('HDEL', rec_key, 'pt', 'pr')
         return {}
@@ -1191,14 +1204,14 @@ local function noop(keys, args)
     return 1
 end
 
-redis.register_function('sessionscope_7_append', append)
-redis.register_function('sessionscope_7_create', create)
-redis.register_function{function_name = 'sessionscope_7_load', callback = load, flags = {'no-writes'}}
-redis.register_function('sessionscope_7_delete', delete)
-redis.register_function('sessionscope_7_truncate', truncate)
-redis.register_function('sessionscope_7_pop', pop)
-redis.register_function('sessionscope_7_restore', restore)
-redis.register_function('sessionscope_7_apply', apply)
-redis.register_function('sessionscope_7_clear', clear)
-redis.register_function('sessionscope_7_prune', prune)
-redis.register_function{function_name = 'sessionscope_7_noop', callback = noop, flags = {'no-writes'}}
+redis.register_function('sessionscope_8_append', append)
+redis.register_function('sessionscope_8_create', create)
+redis.register_function{function_name = 'sessionscope_8_load', callback = load, flags = {'no-writes'}}
+redis.register_function('sessionscope_8_delete', delete)
+redis.register_function('sessionscope_8_truncate', truncate)
+redis.register_function('sessionscope_8_pop', pop)
+redis.register_function('sessionscope_8_restore', restore)
+redis.register_function('sessionscope_8_apply', apply)
+redis.register_function('sessionscope_8_clear', clear)
+redis.register_function('sessionscope_8_prune', prune)
+redis.register_function{function_name = 'sessionscope_8_noop', callback = noop, flags = {'no-writes'}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from ..rules import BATCH_EVENTS, BATCH_SESSIONS, session_not_found
+from ..rules import BATCH_EVENTS, BATCH_SESSIONS, newest_moved, session_not_found
 from .common import _FN, Command, Plan, _number_text
 from .sessions import SessionPlans
 
@@ -37,19 +37,36 @@ class RetentionPlans(SessionPlans):
             if gone < BATCH_EVENTS:
                 return removed
 
-    def pop(self, app_name: str, user_id: str, session_id: str, count: int) -> Plan[list[bytes]]:
-        """Remove a session's newest ``count`` events in one FCALL; return their records."""
+    def pop(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        count: int,
+        *,
+        if_last_event_id: str | None = None,
+    ) -> Plan[list[bytes]]:
+        """Remove a session's newest ``count`` events in one FCALL; return their records.
+
+        With ``if_last_event_id``, the function pops only if the newest stored
+        event has that id, and answers 0 otherwise.
+        """
         rec, events, ids, times, _, positions, names = self.keys.session(
             app_name, user_id, session_id
         )
         # The token makes the call idempotent: sent again after a lost reply,
         # it answers with what the first removed.
         token = secrets.token_hex(8)
+        condition = () if if_last_event_id is None else (if_last_event_id,)
         (reply,) = yield [
-            ("FCALL", _FN + "pop", 6, rec, events, ids, times, positions, names, count, token)
-        ]
+            ("FCALL", _FN + "pop", 6, rec, events, ids, times, positions, names, count, token,
+             *condition)
+        ]  # fmt: skip
         if reply is None:
             raise session_not_found(app_name, user_id, session_id)
+        if type(reply) is int:
+            assert if_last_event_id is not None
+            raise newest_moved(session_id, if_last_event_id)
         return [bytes(record) for record in reply]
 
     def _delete_sessions(self, app_name: str, user_id: str, idle_before: float | None) -> Plan[int]:

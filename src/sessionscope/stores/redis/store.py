@@ -127,7 +127,9 @@ _DOCS = {
     "which benchmarks set beside an append's cost.",
     "truncate_events": "Remove events with ``timestamp < before``, or all but the last "
     "``keep_last``.",
-    "pop_events": "Remove a session's newest ``count`` events in one FCALL; return their records.",
+    "pop_events": "Remove a session's newest ``count`` events in one FCALL; return their records."
+    "\n\nWith ``if_last_event_id``, only if the newest stored event has that id (else "
+    "StaleSessionError, nothing removed).",
     "expire_sessions": "Delete the sessions whose last update is before ``idle_before``.",
     "delete_user": "Delete every session of a user and the user's state map.",
     "delete_app": "Delete every session, user map and the app map of an app.",
