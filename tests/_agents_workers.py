@@ -1,4 +1,4 @@
-"""Child processes of the OpenAI Agents tests: add, pop, clear, or run one agent turn on a store.
+"""Child processes of the OpenAI Agents tests: add, pop, append natively, clear, or run a turn.
 
 Run as ``python _agents_workers.py COMMAND ARGS...``; each prints ``ready``
 once its store is open, waits for a line on stdin (so that every child
@@ -25,6 +25,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from sessionscope import Event, SessionService
 from sessionscope.openai_agents import AgentsSession
 from sessionscope.stores import open_store
 
@@ -63,6 +64,30 @@ async def pop(uri: str, sid: str) -> None:
     await store.aio.close()
     _say("done")
     _say(json.dumps(got))
+
+
+async def native(uri: str, sid: str, rounds: str) -> None:
+    """Append, ``rounds`` times, an event without item (native API), then an item on top.
+
+    Prints the ids of the events without item and the items' contents.
+    """
+    store = open_store(uri)
+    session = AgentsSession(sid, store)
+    service = SessionService(store)
+    _start()
+    natives, added = [], []
+    for n in range(int(rounds)):
+        live = await service.get_session(app_name=session.app_name, user_id=session.user_id,
+                                         session_id=sid)  # fmt: skip
+        assert live is not None
+        # Locked: the pops of the other process move the session on meanwhile.
+        event = await service.append_event_locked(live, Event(author=f"native{n}"))
+        natives.append(event.id)
+        await session.add_items([{"role": "user", "content": f"w{n}"}])
+        added.append(f"w{n}")
+    await store.aio.close()
+    _say("done")
+    _say(json.dumps({"natives": natives, "added": added}))
 
 
 async def clear(uri: str, sid: str, most: str, seconds: str) -> None:
@@ -156,4 +181,8 @@ async def turn(uri: str, sid: str, question: str) -> None:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    asyncio.run({"add": add, "pop": pop, "clear": clear, "turn": turn}[command](*arguments))
+    asyncio.run(
+        {"add": add, "pop": pop, "native": native, "clear": clear, "turn": turn}[command](
+            *arguments
+        )
+    )

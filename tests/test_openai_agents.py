@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,12 @@ from _stores import LMDB_KINDS, REDIS_KINDS, StoreFactory, run, run_cli, store_f
 from sessionscope import Event, SessionService, SyncSessionService, openai_agents
 from sessionscope.admin.ops import check_store
 from sessionscope.core import MAX_DEPTH
-from sessionscope.errors import CorruptStoreError, SessionNotFoundError, StateValueError
+from sessionscope.errors import (
+    CorruptStoreError,
+    SessionNotFoundError,
+    StaleSessionError,
+    StateValueError,
+)
 from sessionscope.openai_agents import DEFAULT_APP_NAME, DEFAULT_USER_ID, AgentsSession
 
 __all__ = ["store_factory"]
@@ -224,15 +230,22 @@ def test_pop_item_refuses_an_event_that_holds_no_item_and_removes_nothing(
 
 
 class _WrittenDuringPop:
-    """A store where another API appends to the session while a pop of this one runs.
+    """A store where another writer appends to the session while a pop of this one runs.
 
-    ``before`` events go on top just before the pop takes the newest,
-    ``after`` ones right after it, as a native writer in another process
-    would.
+    ``before`` runs just before each of the first ``times`` pops that
+    pop_item sends (after its read of the newest event), ``after`` right
+    after each, as a writer in another process would land there. Each
+    returns the id of the event it appended.
     """
 
-    def __init__(self, store: Any, before: int, after: int) -> None:
-        self._store, self._before, self._after = store, before, after
+    def __init__(
+        self,
+        store: Any,
+        before: Callable[[], Awaitable[str]] | None = None,
+        after: Callable[[], Awaitable[str]] | None = None,
+        times: int = 1,
+    ) -> None:
+        self._store, self._before, self._after, self._times = store, before, after, times
         self.appended: list[str] = []
 
     @property
@@ -242,41 +255,91 @@ class _WrittenDuringPop:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store.aio, name)
 
-    async def pop_events(self, *key: Any) -> Any:
-        for n in range(self._before):
-            self.appended.append(await _append_native(self._store, f"before{n}"))
-        popped = await self._store.aio.pop_events(*key)
-        for n in range(self._after):
-            self.appended.append(await _append_native(self._store, f"after{n}"))
-        return popped
+    async def pop_events(self, *key: Any, **options: Any) -> Any:
+        writing = self._times > 0
+        self._times -= 1
+        if writing and self._before is not None:
+            self.appended.append(await self._before())
+        try:
+            return await self._store.aio.pop_events(*key, **options)
+        finally:
+            if writing and self._after is not None:
+                self.appended.append(await self._after())
 
 
-def test_an_event_without_item_appended_during_a_pop_is_put_back_in_its_place(
+def _native_writer(store: Any) -> Callable[[], Awaitable[str]]:
+    count = 0
+
+    async def write() -> str:
+        nonlocal count
+        count += 1
+        return await _append_native(store, f"native{count}")
+
+    return write
+
+
+def _item_writer(store: Any) -> Callable[[], Awaitable[str]]:
+    count = 0
+
+    async def write() -> str:
+        nonlocal count
+        count += 1
+        await AgentsSession("s", store).add_items(items("w", count)[-1:])
+        ids, _ = _stored_ids(store)
+        return ids[-1]
+
+    return write
+
+
+def test_an_event_without_item_appended_before_the_pop_is_never_removed(
     store_factory: StoreFactory,
 ) -> None:
-    """The pop took it; nothing else moved, so it goes back on top, where it was."""
+    """The pop is conditional on the newest event read: it removes nothing, then refuses."""
     store = store_factory()
     run(AgentsSession("s", store).add_items(items("a", 2)))
     mine, _ = _stored_ids(store)
-    writer = _WrittenDuringPop(store, before=1, after=0)
-    with pytest.raises(CorruptStoreError, match="holds no OpenAI Agents item"):
+    writer = _WrittenDuringPop(store, before=_native_writer(store))
+    with pytest.raises(CorruptStoreError, match=r"newest event .* holds no OpenAI Agents item"):
         run(AgentsSession("s", writer).pop_item())
     assert _stored_ids(store)[0] == [*mine, *writer.appended]
     assert check_store(store).clean
 
 
-def test_an_event_without_item_that_cannot_go_back_in_place_is_reported_removed(
-    store_factory: StoreFactory,
-) -> None:
-    """Another event came after the pop: putting it back would reorder, so it stays out, loudly."""
+def test_events_without_item_appended_around_a_pop_all_stay(store_factory: StoreFactory) -> None:
+    """One lands before the pop, one after it: neither is removed, none is lost."""
     store = store_factory()
     run(AgentsSession("s", store).add_items(items("a", 2)))
     mine, _ = _stored_ids(store)
-    writer = _WrittenDuringPop(store, before=1, after=1)
-    with pytest.raises(CorruptStoreError, match=r"removed an event .* could not put it back"):
+    write = _native_writer(store)
+    writer = _WrittenDuringPop(store, before=write, after=write)
+    with pytest.raises(CorruptStoreError, match=r"newest event .* holds no OpenAI Agents item"):
         run(AgentsSession("s", writer).pop_item())
-    assert _stored_ids(store)[0] == [*mine, writer.appended[1]]
+    assert _stored_ids(store)[0] == [*mine, *writer.appended] and len(writer.appended) == 2
     assert check_store(store).clean
+
+
+def test_an_item_appended_before_the_pop_is_the_one_popped(store_factory: StoreFactory) -> None:
+    """pop_item returns the newest item at the time of the pop; the one it read first stays."""
+    store = store_factory()
+    run(AgentsSession("s", store).add_items(items("a", 2)))
+    mine, _ = _stored_ids(store)
+    writer = _WrittenDuringPop(store, before=_item_writer(store))
+    assert run(AgentsSession("s", writer).pop_item()) == items("w", 1)[0]
+    assert _stored_ids(store)[0] == mine
+    assert run(AgentsSession("s", store).get_items()) == items("a", 2)
+
+
+def test_a_pop_that_always_loses_to_other_writers_gives_up_removing_nothing(
+    store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_agents, "_POP_TRIES", 4)
+    store = store_factory()
+    run(AgentsSession("s", store).add_items(items("a", 2)))
+    mine, _ = _stored_ids(store)
+    writer = _WrittenDuringPop(store, before=_item_writer(store), times=10)
+    with pytest.raises(StaleSessionError, match="changed by other writers 4 times"):
+        run(AgentsSession("s", writer).pop_item())
+    assert _stored_ids(store)[0] == [*mine, *writer.appended] and len(writer.appended) == 4
 
 
 def test_clear_session_leaves_other_sessions_alone(store_factory: StoreFactory) -> None:
@@ -615,6 +678,66 @@ def test_processes_popping_one_session_never_get_the_same_item(
         assert check_store(store).clean
     finally:
         factory.close_all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+def test_pops_racing_a_process_that_appends_events_without_item_never_remove_one(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Another process appends a native event, then an item, over and over, while this one pops.
+
+    Every event without item stays stored; every item is popped once or
+    left; a pop that finds such an event newest refuses it, removing nothing.
+    """
+    factory = StoreFactory(kind, tmp_path, _stores.redis_url(request, kind))
+    try:
+        store = factory()
+        session = AgentsSession("s", store)
+        run(session.add_items(items("a", 20)))
+        popped: list[str] = []
+        refusals = 0
+        with children(tmp_path, ("native", uri_of(factory), "s", "150"), stdin=True,
+                      script=WORKERS) as kids:  # fmt: skip
+            (kid,) = kids
+            kid.expect("ready")
+            kid.send("go")
+
+            async def pop_while_it_writes() -> None:
+                nonlocal refusals
+                while kid.proc.poll() is None:
+                    try:
+                        item = await session.pop_item()
+                    except CorruptStoreError as error:
+                        assert "the newest event of this session holds no" in str(error)
+                        refusals += 1
+                        continue
+                    if item is not None:
+                        popped.append(item["content"])
+
+            run(pop_while_it_writes())
+            kid.expect("done")
+            line = kid.readline()
+            assert line is not None
+            written = json.loads(line)
+            kid.wait_ok()
+        stored, _ = _stored_ids(store)
+        assert set(written["natives"]) <= set(stored)
+        left = [item["content"] for item in _items_as_stored(store)]
+        assert sorted(popped + left) == sorted([f"a{i}" for i in range(20)] + written["added"])
+        assert len(set(popped)) == len(popped) and refusals > 0 and popped
+        assert check_store(store).clean
+    finally:
+        factory.close_all()
+
+
+def _items_as_stored(store: Any) -> list[Any]:
+    """Return the items among a session's stored events (its events without item left out)."""
+    from sessionscope.codec import decode_event
+
+    loaded = store.load_session(DEFAULT_APP_NAME, DEFAULT_USER_ID, "s", None, None)
+    fields = [decode_event(record) for record in loaded.events]
+    return [f["content"] for f in fields if isinstance(f, dict) and "content" in f]
 
 
 @pytest.mark.slow

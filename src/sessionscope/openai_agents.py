@@ -17,7 +17,8 @@ native ``SessionService`` reads these sessions as events.
 - ``pop_item()`` removes the newest item in one transaction
   (``Store.pop_events``): two processes popping never get the same item.
   The newest event is read first: one that holds no item is refused and
-  left where it is.
+  left where it is; one that does is popped only if it is still the
+  newest (the pop's condition), else read again.
 - ``clear_session()`` deletes the session; the next add creates it again,
   retrying while a clear of another process lands between its creation
   and its items.
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from types import TracebackType
@@ -48,8 +48,8 @@ from .errors import (
     AlreadyExistsError,
     CorruptStoreError,
     SessionNotFoundError,
+    StaleSessionError,
     StateValueError,
-    StoreError,
     batch_stopped,
 )
 from .model import new_event_id
@@ -57,7 +57,7 @@ from .service.core import check_app_name, check_id
 from .stores import open_store
 from .stores.memory import MemoryStore
 from .stores.protocol import Store
-from .stores.records import AppendBatch, AppendRequest, event_copy
+from .stores.records import AppendBatch
 
 if TYPE_CHECKING:
     from agents.run_context import RunContextWrapper
@@ -101,6 +101,11 @@ _OTHER_API = (
 # What an item's record is checked under; a refusal is named again from the
 # item (``_refused``), so the path is built only then.
 _ITEM_PATH = "item"
+# How often, and how long, pop_item reads the newest event and pops it again
+# when other processes keep changing the session between the two: a pop
+# conditional on the newest event removes nothing when it lost.
+_POP_TRIES = 1_000
+_POP_SECONDS = 10.0
 # How often, and how long, add_items creates its session and appends again
 # when a clear of another process keeps deleting it between the two (the
 # store has no append that creates a missing session in its transaction).
@@ -249,65 +254,46 @@ class AgentsSession:
 
         An event that holds no item (written through the native API, or
         damaged) is refused with CorruptStoreError and left where it is: the
-        newest event is read first, and removed only when it is an item.
+        newest event is read first, and removed only when it is an item and
+        still the newest, a condition the store checks in the pop's own
+        transaction. Another writer changing the session in between costs a
+        new read, never an event: after ``_POP_TRIES`` rounds (or
+        ``_POP_SECONDS``) lost that way in a row, StaleSessionError.
         """
         return await _settled(self._pop_item())
 
     async def _pop_item(self) -> Any | None:
         aio = self.store.aio
-        loaded = await aio.load_session(*self._key, 1, None)
-        if loaded is None or not loaded.events:
-            return None
-        newest = loaded.events[-1]
-        fields = _fields_of(newest, "the newest event")
-        try:
-            popped = await aio.pop_events(*self._key, 1)
-        except SessionNotFoundError:
-            return None
-        if not popped:
-            return None
-        record = popped[0]
-        if record == newest:
-            return fields["content"]
-        # Another process changed the session between the read and the pop
-        # (the store has no pop conditional on the newest event).
-        try:
-            return _item_of(record)
-        except StoreError:
-            if await self._put_back(record, str(fields["id"])):
-                raise
-        _log.error("pop_item of session %r removed an event that holds no item", self.session_id)
-        raise CorruptStoreError(
-            "pop_item removed an event of this session that holds no OpenAI Agents item, "
-            "appended while the pop ran, and could not put it back in its place",
-            hint=_OTHER_API,
-        )
-
-    async def _put_back(self, record: bytes, below: str) -> bool:
-        """Append a popped event again, only if the newest event is ``below``: tell whether it went.
-
-        The newest stored event being the one that was newest when the pop
-        was checked means that every event stored was below the popped one
-        and none came since, so on top is its place: the order is kept.
-        The store checks it in the append's transaction (a copy built by
-        hand is stale when its last event differs); the time compared with
-        it is the lowest, so that only the event decides.
-        """
-        try:
-            event = event_copy(record)
-            await self.store.aio.append(
-                AppendRequest(
-                    *self._key,
-                    event.event_id,
-                    event.timestamp,
-                    record,
-                    caller_update_time=-sys.float_info.max,
-                    caller_last_event_id=below,
+        tries, deadline = 0, time.monotonic() + _POP_SECONDS
+        while True:
+            loaded = await aio.load_session(*self._key, 1, None)
+            if loaded is None or not loaded.events:
+                return None
+            newest = loaded.events[-1]
+            fields = _fields_of(newest, "the newest event")
+            event_id = fields.get("id")
+            if not isinstance(event_id, str):
+                raise CorruptStoreError(
+                    "the newest event of this session has no id",
+                    "it was altered outside sessionscope: delete the session or restore it "
+                    "from a copy",
                 )
-            )
-        except (KeyError, TypeError, ValueError, StoreError):  # stale, gone, or no event at all
-            return False
-        return True
+            try:
+                popped = await aio.pop_events(*self._key, 1, if_last_event_id=event_id)
+            except SessionNotFoundError:  # cleared since the read
+                return None
+            except StaleSessionError:
+                # Another process appended or popped since the read: nothing
+                # was removed. The newest event is read again and checked again.
+                tries += 1
+                if tries == _POP_TRIES or time.monotonic() > deadline:
+                    raise StaleSessionError(
+                        f"pop_item of session {self.session_id!r} found its newest event "
+                        f"changed by other writers {tries} times in a row: nothing was removed"
+                    ) from None
+                continue
+            # The newest event was the one read and checked: its id says so.
+            return fields["content"] if popped[0] == newest else _item_of(popped[0])
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Remove every item of this session; other sessions stay as they are."""
