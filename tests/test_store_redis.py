@@ -25,6 +25,7 @@ from sessionscope import Event, GetSessionConfig, Session, SessionService, SyncS
 from sessionscope.bench.mix import MixSpec, generate
 from sessionscope.bench.replay import NativeTarget, replay
 from sessionscope.errors import (
+    CorruptStoreError,
     DuplicateEventError,
     IncompatibleStoreError,
     SessionNotFoundError,
@@ -237,6 +238,67 @@ def test_ids_with_braces_colons_and_nul_stay_apart(svc: SyncSessionService) -> N
         got = svc.get_session(app_name="{app}", user_id="{u}:x", session_id=sid)
         assert got is not None and got.state["n"] == i and len(got.events) == 1
     assert sorted(m.id for m in svc.list_sessions(app_name="{app}").sessions) == sorted(ids)
+
+
+# -- a damaged session record ------------------------------------------------
+
+
+def _hashes_of(server: Any, prefix: str, sid: str) -> dict[bytes, Any]:
+    """Return every hash of a session's keys, to tell that nothing was written."""
+    client = raw_client(server)
+    try:
+        mine = [k for k in keys_of(server, prefix) if k.endswith(b":" + sid.encode())]
+        return {k: client.hgetall(k) for k in mine if client.type(k) == b"hash"}
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("k", "not a number"), ("k", "-1"), ("k", "1.5"), ("k", ""), ("r", "x"), ("r", "99")],
+)
+def test_a_damaged_count_is_a_corrupt_session_naming_it(
+    server: Any, uri: str, svc: SyncSessionService, field: str, value: str
+) -> None:
+    """The server functions check the record's counts before they write anything."""
+    s = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    for i in range(3):
+        svc.append_event(s, ev(content={"i": i}))
+    prefix = prefix_of(uri)
+    (record_key,) = [k for k in keys_of(server, prefix) if k.endswith(b"}r:s")]
+    client = raw_client(server)
+    try:
+        client.hset(record_key, field, value)
+    finally:
+        client.close()
+    before = _hashes_of(server, prefix, "s")
+    store = svc.store
+    named = rf"the record of session '{APP}'/'{USER}'/'s' is unreadable"
+    attempts = {
+        "read": lambda: svc.get_session(app_name=APP, user_id=USER, session_id="s"),
+        "read the last n": lambda: svc.get_session(
+            app_name=APP, user_id=USER, session_id="s", config=GetSessionConfig(num_recent_events=1)
+        ),
+        "append": lambda: svc.append_event(s, ev(content="one more")),
+        "locked append": lambda: svc.append_event_locked(s, ev(content="one more")),
+        "bulk append": lambda: svc.append_many([(s, ev(content=1)), (s, ev(content=2))]),
+        "pop": lambda: store.pop_events(APP, USER, "s", 1).result(),
+        "truncate": lambda: svc.truncate_events(
+            app_name=APP, user_id=USER, session_id="s", keep_last=1
+        ),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(CorruptStoreError, match=named) as info:
+            attempt()
+        assert "altered outside sessionscope" in str(info.value), what
+        assert _hashes_of(server, prefix, "s") == before, what
+    # The async face says the same.
+    with pytest.raises(CorruptStoreError, match=named):
+        asyncio.run(_load_async(store))
+
+
+async def _load_async(store: Any) -> Any:
+    return await store.aio.load_session(APP, USER, "s", None, None)
 
 
 # -- reads -----------------------------------------------------------------

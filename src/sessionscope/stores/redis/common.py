@@ -39,6 +39,8 @@ _FN = LIBRARY + "_"
 _U32 = struct.Struct(">I")
 # The fields of a session record hash, in SessionRecord's order.
 _RECORD_FIELDS = ("app", "user", "sid", "n", "c", "u", "k", "l", "r")
+# What to do about a session record altered outside sessionscope.
+RECORD_ALTERED = "it was altered outside sessionscope: delete the session or restore it from a copy"
 # (command, arguments...) of one Redis command.
 Command = tuple[Any, ...]
 # An operation: yields the commands of each round trip, receives their replies.
@@ -99,8 +101,7 @@ def _record(fields: list[Any]) -> SessionRecord:
         whose = "/".join(repr(part)[:100] for part in (app, user, sid))
         raise CorruptStoreError(
             f"the record of session {whose} is unreadable ({type(error).__name__})",
-            hint="it was altered outside sessionscope: delete the session or restore it "
-            "from a copy",
+            hint=RECORD_ALTERED,
         ) from error
 
 

@@ -18,6 +18,31 @@ local APPLIED_HORIZON = 86400
 -- Fields read per HMGET, well under Lua's limit on unpacked arguments.
 local CHUNK = 1000
 
+-- The code that starts the error of a session record altered by hand: the
+-- client reports it as a corrupt session (the rest of the text names it).
+local CORRUPT = 'SESSIONSCOPE_CORRUPT'
+
+-- A session id as the error of a damaged record shows it: quoted, cut, and
+-- with control characters (which an error reply cannot carry) replaced.
+local function shown(id)
+    return "'" .. (string.gsub(string.sub(id or '', 1, 100), '%c', '?')) .. "'"
+end
+
+-- A record's event count and removed count ('k' and 'r', the text read), as
+-- numbers. Counts altered by hand (not whole numbers, or more removed than
+-- counted) fail the call with the CORRUPT error naming the session; every
+-- function reads them before it writes anything, so nothing is written.
+local function counts_of(rec_key, count, removed)
+    removed = removed or '0'
+    if count and removed and string.match(count, '^%d+$') and string.match(removed, '^%d+$')
+            and tonumber(removed) <= tonumber(count) then
+        return tonumber(count), tonumber(removed)
+    end
+    local ids = redis.call('HMGET', rec_key, 'app', 'user', 'sid')
+    error({err = CORRUPT .. ' the record of session ' .. shown(ids[1]) .. '/' .. shown(ids[2])
+        .. '/' .. shown(ids[3]) .. ' is unreadable (a damaged event count)'})
+end
+
 local function read_record(key)
     local f = redis.call('HMGET', key, 'app', 'user', 'sid', 'n', 'c', 'u', 'k', 'l', 'r')
     if not f[4] then
@@ -249,7 +274,7 @@ local function load(keys, args)
     end
     local names_state = rec[10]
     rec[10] = nil
-    local count, removed = tonumber(rec[7]), tonumber(rec[9] or '0')
+    local count, removed = counts_of(rec_key, rec[7], rec[9])
     local n = nil
     if args[1] ~= '' then
         n = tonumber(args[1])
@@ -325,11 +350,11 @@ end
 -- names for it: two calls however many requests the call has for it.
 local function read_session(s)
     local head = redis.call('HMGET', s.keys[1], 'n', 'u', 'k', 'l', 'r', 'ts')
-    s.number, s.updated, s.count, s.last = head[1], head[2], tonumber(head[3]), head[4]
-    s.removed = tonumber(head[5] or '0')
+    s.number, s.updated, s.last, s.removed = head[1], head[2], head[4], 0
     if not s.number then
         return
     end
+    s.count, s.removed = counts_of(s.keys[1], head[3], head[5])
     -- In order: the time string is kept, and the last time bounds the next.
     s.ordered, s.last_time = head[6] and true or false, nil
     if s.ordered and s.count > 0 then
@@ -628,7 +653,7 @@ local function append_straight(keys, args, ttl, total)
     if not number then
         return nil
     end
-    local count, removed = tonumber(head[3]), tonumber(head[5] or '0')
+    local count, removed = counts_of(rec_key, head[3], head[5])
     local ordered, times = head[6] and true or false, nil
     if ordered then
         local last = count > 0 and time_at(keys[5], count - 1) or nil
@@ -989,7 +1014,8 @@ local function truncate(keys, args)
     if not rec then
         return -1
     end
-    local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[3])
+    local count, removed = counts_of(rec_key, rec[7], rec[9])
+    local most = tonumber(args[3])
     local doomed
     local ordered = redis.call('HEXISTS', rec_key, 'ts') == 1
     if args[1] == 'before' and ordered then
@@ -1054,7 +1080,8 @@ local function pop(keys, args)
     if done[1] == args[2] then
         return cmsgpack.unpack(done[2])
     end
-    local count, removed, most = tonumber(rec[7]), tonumber(rec[9] or '0'), tonumber(args[1])
+    local count, removed = counts_of(rec_key, rec[7], rec[9])
+    local most = tonumber(args[1])
     if args[3] then
         -- The newest stored position: the last one until something was removed.
         local newest = count > removed and tostring(count - 1) or nil

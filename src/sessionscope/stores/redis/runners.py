@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -19,9 +20,9 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ...errors import StoreError
+from ...errors import CorruptStoreError, StoreError
 from .. import redact
-from .common import Command, Plan, _library_code
+from .common import RECORD_ALTERED, Command, Plan, _library_code
 
 T = TypeVar("T")
 
@@ -39,6 +40,11 @@ def _plans_at_once(cluster: bool) -> int:
     return POOL_SIZE // 2 if cluster else POOL_SIZE
 
 
+# The code of a function's error about a session record altered by hand
+# (see functions.lua), and where in the script the server says it was raised.
+_CORRUPT_CODE = "SESSIONSCOPE_CORRUPT "
+_SCRIPT_PLACE = re.compile(r"\s*script: \S+, on @user_function:\d+\.?\s*$")
+
 # What a Redis client raises: redis-py's cluster client also raises
 # RedisClusterException (no reachable node, cluster mode off), which is no RedisError.
 _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
@@ -46,6 +52,9 @@ _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExcep
 
 def _failure(error: BaseException, where: str) -> StoreError:
     """Return the StoreError a caller sees for a Redis failure."""
+    corrupt = _corrupt_record(error)
+    if corrupt is not None:
+        return corrupt
     if isinstance(error, redis.exceptions.TimeoutError):
         hint = f"{where} did not answer in time: check that it runs and is not overloaded"
     elif isinstance(error, redis.exceptions.ConnectionError):
@@ -68,6 +77,23 @@ def _failure(error: BaseException, where: str) -> StoreError:
     else:
         hint = "the server refused the command; what was stored before is intact"
     failure = StoreError(f"Redis failed: {redact(str(error))}", hint=hint)
+    failure.__cause__ = error
+    return failure
+
+
+def _corrupt_record(error: BaseException) -> CorruptStoreError | None:
+    """Return the error of a session record a function found altered by hand, else None.
+
+    The function's error (``CORRUPT`` in functions.lua) names the session;
+    the server may add where in the script it was raised, which is left out.
+    """
+    if not isinstance(error, redis.exceptions.ResponseError):
+        return None
+    text = str(error)
+    if not text.startswith(_CORRUPT_CODE):
+        return None
+    message = _SCRIPT_PLACE.sub("", text[len(_CORRUPT_CODE) :]).strip()
+    failure = CorruptStoreError(message, hint=RECORD_ALTERED)
     failure.__cause__ = error
     return failure
 
