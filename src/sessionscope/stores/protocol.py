@@ -426,8 +426,16 @@ STORE_METHODS: tuple[str, ...] = (
 #             retention works in several transactions, some of which may wait
 #             for the disk, and the event loop goes on meanwhile.
 def _given(name: str) -> Callable[..., Any]:
-    def method(self: InlineAsyncStore, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._store, name)(*args, **kwargs)
+    def method(self: InlineAsyncStore, *args: Any) -> Any:
+        return getattr(self._store, name)(*args)
+
+    return _named(method, name)
+
+
+def _given_with_keywords(name: str) -> Callable[..., Any]:
+    # Apart from _given: the appends' path builds no keyword map per call.
+    def method(self: InlineAsyncStore, *args: Any, **keywords: Any) -> Any:
+        return getattr(self._store, name)(*args, **keywords)
 
     return _named(method, name)
 
@@ -485,7 +493,7 @@ class InlineAsyncStore:
     flush = _given("flush")
     close = _inline("close")
     truncate_events = _thread("truncate_events")
-    pop_events = _given("pop_events")
+    pop_events = _given_with_keywords("pop_events")
     expire_sessions = _thread("expire_sessions")
     delete_user = _thread("delete_user")
     delete_app = _thread("delete_app")
