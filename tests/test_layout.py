@@ -30,8 +30,9 @@ def _methods(cls: type) -> set[str]:
 
 def test_every_face_has_the_methods_of_the_store_interface() -> None:
     assert len(STORE_METHODS) == len(set(STORE_METHODS)) == 22
-    # The async face and what the open learned are the sync face's alone.
-    assert _methods(Store) == {*STORE_METHODS, "aio", "opened_elsewhere"}
+    # The async face, what the open learned and the sliced bulk append are
+    # the sync face's alone.
+    assert _methods(Store) == {*STORE_METHODS, "aio", "opened_elsewhere", "append_slices"}
     assert _methods(AsyncStore) == set(STORE_METHODS)
     assert _methods(InlineAsyncStore) == set(STORE_METHODS)
     for name in STORE_METHODS:

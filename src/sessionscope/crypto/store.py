@@ -41,13 +41,14 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..stores.completion import Completion
-from ..stores.protocol import Store
+from ..stores.protocol import Store, append_joined
 from ..stores.records import (
     ENCRYPTION_MARKER_APP,
     AppendBatch,
     AppendRequest,
     AppendResult,
     BatchResult,
+    BatchSlices,
     EventCopy,
     EventPage,
     Items,
@@ -726,6 +727,10 @@ class EncryptedStore:
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch, sealed; see ``Store.append_many``."""
         return self._inner.append_many(self._batch(batch))
+
+    def append_slices(self, slices: BatchSlices) -> Completion[BatchResult]:
+        """Append a batch, sealed, as one batch; see ``Store.append_slices``."""
+        return append_joined(self, slices)
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, opened; see ``Store.read_app_state``."""

@@ -432,19 +432,36 @@ class ServiceCore(Generic[S, E]):
         try:
             return _hot.prepare_many(self.model, appends)
         except (AttributeError, TypeError, ValueError):
-            # As prepare_append: name the first pair of another kind.
-            for index, pair in enumerate(appends):
-                if not (isinstance(pair, tuple) and len(pair) == 2):
-                    what = (
-                        f"a tuple of {len(pair)}"
-                        if isinstance(pair, tuple)
-                        else f"a {type(pair).__name__}"
-                    )
-                    raise TypeError(
-                        f"appends[{index}] must be a (session, event) pair, not {what}"
-                    ) from None
-                self._check_pair(*pair, f"appends[{index}]: ")
+            self.check_pairs(appends)
             raise
+
+    def slice_many(self, appends: list[tuple[S, E]]) -> _hot.SlicedBatch:
+        """Return a bulk append to be checked and packed a slice at a time, as the store asks.
+
+        Nothing is checked yet: each slice is, when the store first asks for
+        it (see ``_append.SlicedBatch``). A check's error comes out of the
+        store's call: ``check_pairs`` then names a pair of another kind.
+        """
+        return _hot.SlicedBatch(self.model, appends)
+
+    def check_pairs(self, appends: list[Any]) -> None:
+        """Raise a TypeError naming the first of ``appends`` not a pair of the service's kind.
+
+        As ``prepare_append`` does for one append: called once checking a
+        batch failed, so that its error names the pair rather than a field
+        read from an object of another kind.
+        """
+        for index, pair in enumerate(appends):
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                what = (
+                    f"a tuple of {len(pair)}"
+                    if isinstance(pair, tuple)
+                    else f"a {type(pair).__name__}"
+                )
+                raise TypeError(
+                    f"appends[{index}] must be a (session, event) pair, not {what}"
+                ) from None
+            self._check_pair(*pair, f"appends[{index}]: ")
 
     def _check_pair(self, session: object, event: object, where: str) -> None:
         """Raise a TypeError naming ``session`` or ``event`` if it is not of the service's kind.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 from ..errors import SessionscopeError, batch_stopped
 from ..model import Event, GetSessionConfig, ListSessionsResponse, Session
 from ..stores import Store, open_store
-from ..stores.records import AppendBatch, BatchResult
+from ..stores.records import AppendBatch, BatchResult, BatchSlices
 from .core import (
     MAX_ID_BYTES,
     FieldModel,
@@ -541,9 +541,12 @@ class SyncSessionService:
         with ``stored`` set to how many of the batch's first appends are
         handled, counted in ``appends`` (a partial event, never stored, counts
         as handled), so that ``appends[stored:]`` is what was not
-        (``errors.batch_stopped``).
+        (``errors.batch_stopped``). The store is handed the batch as slices
+        checked and packed as it asks for them (``Store.append_slices``).
         """
-        return self.append_many_with(appends, lambda batch: self.store.append_many(batch).result())
+        return self._append_sliced(
+            appends, lambda slices: self.store.append_slices(slices).result()
+        )
 
     def append_many_with(
         self,
@@ -559,14 +562,27 @@ class SyncSessionService:
         along with reads where the store can carry them
         (``RedisStore.append_many_reading``).
         """
+        # The whole batch, checked and packed before ``send`` is called.
+        return self._append_sliced(appends, lambda slices: send(slices.whole()))
+
+    def _append_sliced(
+        self,
+        appends: Iterable[tuple[Session, Event]],
+        send: Callable[[BatchSlices], BatchResult],
+    ) -> list[Event]:
+        """Append as ``append_many`` does, ``send`` handing the batch's slices to the store."""
         core = self._core
         appends = appends if isinstance(appends, list) else list(appends)
-        # Checked and packed in one call, every event or none.
-        prepared = core.prepare_many(appends)
+        # Checked and packed as the store asks for its slices (or the whole
+        # batch): a bad event raises out of ``send``, and nothing is stored.
+        slices = core.slice_many(appends)
+        prepared = slices.prepared
         try:
-            result = send(prepared.batch)
-        except BaseException:
+            result = send(slices)
+        except BaseException as error:
             core.abandon_many(prepared, 0)
+            if isinstance(error, (AttributeError, TypeError, ValueError)):
+                core.check_pairs(appends)
             raise
         # Those the store did not reach get their deltas back.
         finished = core.finish_many(prepared, result)

@@ -18,6 +18,7 @@ from .records import (
     AppendRequest,
     AppendResult,
     BatchResult,
+    BatchSlices,
     EventPage,
     Items,
     ListPosition,
@@ -26,7 +27,7 @@ from .records import (
     SessionRecord,
 )
 
-__all__ = ["STORE_METHODS", "AsyncStore", "InlineAsyncStore", "Store"]
+__all__ = ["STORE_METHODS", "AsyncStore", "InlineAsyncStore", "Store", "append_joined"]
 
 
 class Store(Protocol):
@@ -133,6 +134,19 @@ class Store(Protocol):
         the error that stopped it (None when every event was handled): the
         events before a failing one stay appended, those after it are not
         tried.
+        """
+        ...
+
+    def append_slices(self, slices: BatchSlices) -> Completion[BatchResult]:
+        """Append a batch handed as slices packed on demand, as ``append_many`` appends it.
+
+        What ``SyncSessionService.append_many`` calls (the sync face only).
+        The batch's events are checked as its slices are packed
+        (``BatchSlices``): a bad event raises its error, and nothing of the
+        batch may be stored then. A store that appends no faster in slices
+        answers ``append_joined(self, slices)``: the whole batch, packed
+        first, through ``append_many``. LMDB appends the slices in one
+        transaction, each packed just before it is written.
         """
         ...
 
@@ -388,8 +402,18 @@ class AsyncStore(Protocol):
         ...
 
 
+def append_joined(store: Store, slices: BatchSlices) -> Completion[BatchResult]:
+    """Append a batch's slices as one batch: ``Store.append_slices`` of a store without slices.
+
+    The whole batch is checked and packed first, so a bad event raises
+    before anything reaches the store.
+    """
+    return store.append_many(slices.whole())
+
+
 # The methods of ``Store`` (``aio`` and ``opened_elsewhere``, which answers what
-# the open learned, apart), each face's in this order.
+# the open learned, and ``append_slices``, the sync face's way of a bulk
+# append, apart), each face's in this order.
 STORE_METHODS: tuple[str, ...] = (
     "create_session",
     "load_session",

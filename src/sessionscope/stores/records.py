@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..codec import events_equal
 
@@ -19,6 +19,7 @@ __all__ = [
     "AppendResult",
     "BatchOutcome",
     "BatchResult",
+    "BatchSlices",
     "EventCopy",
     "EventPage",
     "Items",
@@ -340,6 +341,32 @@ def result_of_batch(
         markers[owners[index]] = result.marker
         times[owners[index]] = result.last_update_time
     return BatchResult(len(results), repeats, markers, times, error)
+
+
+class BatchSlices(Protocol):
+    """A bulk append handed to ``Store.append_slices``: its slices, packed as the store asks.
+
+    ``len()`` is the number of slices. ``slice(n)`` returns slice ``n`` as an
+    ``AppendBatch`` of its own (its keys only the sessions it appends to);
+    the first time each is asked, in order, its events are checked, and a
+    bad one raises there (so a store that appends each slice as it gets it
+    must then abort what it wrote of the batch, which the caller will
+    refuse whole). Asked again, a slice is packed anew, the same bytes: a
+    store may run its transaction again. Nothing keeps a slice's bytes once
+    the store drops them. ``join`` returns the batch's result of the
+    results of its first slices, in order (the last may be a slice's
+    ``head``). ``whole()`` is the batch in one ``AppendBatch``, for a store
+    that appends no faster in slices (``append_joined``); a store calls
+    either ``slice`` or ``whole``, never both.
+    """
+
+    def __len__(self) -> int: ...
+
+    def slice(self, number: int) -> AppendBatch: ...
+
+    def whole(self) -> AppendBatch: ...
+
+    def join(self, results: list[BatchResult]) -> BatchResult: ...
 
 
 # A ``SessionCopy`` is a whole session as ``restore_session`` writes it and

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..._speedups import _no_cython as cython
-    from ..records import Items
+    from ..records import BatchSlices, Items
     from . import layout
     from .writer import Writer
 else:
@@ -60,7 +60,7 @@ if not TYPE_CHECKING:
     # key and record helpers. (Its constants are the same bytes either way.)
     layout = compiled_or_twin("sessionscope.stores.lmdb.layout")
 
-__all__ = ["LockFileReplaced", "append_batch", "append_one", "commit"]
+__all__ = ["LockFileReplaced", "append_batch", "append_one", "append_slices", "commit"]
 
 # The 8-byte positions of a session's first events, made once: a batch takes
 # its events' positions from here rather than packing each.
@@ -350,9 +350,6 @@ class _BatchSession:
         record.last_event_id = self.last_event_id
 
 
-# Indexes into the batch's lists are in range by construction: no checks.
-@cython.boundscheck(False)
-@cython.wraparound(False)
 def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     """Append a batch in one transaction; a refused append raises ``PartialBatch``.
 
@@ -362,9 +359,120 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     value, which is what the appends one by one would leave. Each database
     takes the batch's entries in one ``putmulti`` call, in key order.
     """
-    data_db = dbs.data
-    data = txn.cursor(db=data_db)
-    format_1: cython.bint = dbs.format == 1
+    state = _BatchState(dbs, txn)
+    # One part: its events go with the state entries, in finish's one putmulti.
+    result = _append_part(state, batch, False)
+    state.finish()
+    return result
+
+
+def append_slices(dbs: Databases, txn: Any, slices: BatchSlices, stop: int) -> BatchResult:
+    """Append a batch's slices in one transaction, each packed as it comes and dropped once written.
+
+    A batch of a thousand events is about a megabyte of packed bytes, more
+    than a core's L2 cache: packed and written a slice at a time, those
+    bytes are still in the cache when written. The slices append as one
+    ``append_batch`` would (each session record read and written once, the
+    state each key is left with written once), but each slice's events go
+    to the database before the next slice is packed; a refused append
+    raises ``PartialBatch`` with its position in the batch (once the later
+    slices are checked too), and a slice's bad event raises its own error,
+    which aborts the transaction. ``stop``
+    (-1: none) ends the batch after its first ``stop`` events.
+    """
+    state = _BatchState(dbs, txn)
+    results: list[BatchResult] = []
+    done: cython.Py_ssize_t = 0
+    number: cython.Py_ssize_t
+    for number in range(len(slices)):
+        if stop >= 0 and done >= stop:
+            break
+        batch: AppendBatch = slices.slice(number)
+        size: cython.Py_ssize_t = len(batch.events)
+        if stop >= 0 and done + size > stop:
+            batch = batch.head(stop - done)
+            size = stop - done
+        try:
+            results.append(_append_part(state, batch, True))
+        except PartialBatch as partial:
+            if stop < 0:
+                # The later slices are checked all the same: a bad event
+                # anywhere refuses the whole batch, as when it is packed whole.
+                for later in range(number + 1, len(slices)):
+                    slices.slice(later)
+            raise PartialBatch(done + partial.applied, partial.error) from partial.error
+        # Dropped before the next slice is packed: one slice's bytes live at a time.
+        batch = None  # type: ignore[assignment]
+        done += size
+    state.finish()
+    return slices.join(results)
+
+
+@cython.cclass
+class _BatchState:
+    """What the parts of a batch appended in one transaction share: its sessions and shared maps.
+
+    ``sessions`` holds each stored session the batch appends to, by key;
+    ``shared`` the app and user maps it sets, by prefix (see
+    ``_BatchSession``). ``finish`` writes what waits until the batch's end:
+    the state entries, the session records and their listing.
+    """
+
+    dbs: Databases
+    txn: Any
+    data_db: Any
+    data: Any
+    format_1: cython.bint
+    sessions: dict[tuple[str, str, str], _BatchSession]
+    shared: dict[bytes, dict[str, bytes]]
+
+    def __init__(self, dbs: Databases, txn: Any) -> None:
+        self.dbs = dbs
+        self.txn = txn
+        self.data_db = dbs.data
+        self.data = txn.cursor(db=dbs.data)
+        self.format_1 = dbs.format == 1
+        self.sessions = {}
+        self.shared = {}
+
+    @cython.ccall
+    def finish(self) -> None:
+        """Write the state entries and the session records the batch leaves."""
+        dbs: Databases = self.dbs
+        txn = self.txn
+        sessions = self.sessions
+        _put_entries(self.data, sessions, True)
+        shared_puts: list[tuple[bytes, bytes]] = []
+        for prefix, state in self.shared.items():
+            _add_items(shared_puts, prefix, state.items())
+        if shared_puts:
+            txn.cursor(db=dbs.shared).putmulti(shared_puts)
+        sessions_db = dbs.sessions
+        session: _BatchSession
+        for session in sessions.values():
+            session.settle()
+            record = session.record
+            txn.put(session.key, pack(record.to_list()), db=sessions_db)
+            layout.relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
+
+
+# Indexes into the batch's lists are in range by construction: no checks.
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.cfunc
+def _append_part(state: _BatchState, batch: AppendBatch, write: cython.bint) -> BatchResult:
+    """Append a batch, or a slice of one; a refused append raises ``PartialBatch``.
+
+    The markers and times are those of the part's keys after it. With
+    ``write`` the part's events go to the database before it returns; what
+    waits for the batch's end (state entries, session records) is
+    ``state.finish``'s.
+    """
+    dbs: Databases = state.dbs
+    txn = state.txn
+    data_db = state.data_db
+    data = state.data
+    format_1: cython.bint = state.format_1
     keys: list[tuple[str, str, str]] = batch.keys
     owners: list[int] = batch.owners
     event_ids: list[str] = batch.event_ids
@@ -373,22 +481,26 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     app_items: list[Items] = batch.app_items
     user_items: list[Items] = batch.user_items
     session_items: list[Items] = batch.session_items
-    sessions: dict[tuple[str, str, str], _BatchSession] = {}
-    # The app and user maps the batch sets, by prefix (see _BatchSession).
-    shared: dict[bytes, dict[str, bytes]] = {}
+    sessions: dict[tuple[str, str, str], _BatchSession] = state.sessions
     # Each key's stored session (None: not stored); two keys naming one
     # session share its _BatchSession.
     owned: list[_BatchSession | None] = []
+    # The sessions of this part, each once.
+    part_sessions: dict[tuple[str, str, str], _BatchSession] = {}
+    session: _BatchSession
     for ids in keys:
         found = sessions.get(ids)
         if found is None:
-            found = _batch_session(txn, dbs, shared, ids, format_1)
+            found = _batch_session(txn, dbs, state.shared, ids, format_1)
             if found is not None:
                 sessions[ids] = found
+        if found is not None:
+            session = found
+            session.appended = False
+            part_sessions[ids] = session
         owned.append(found)
     size: cython.Py_ssize_t = len(events)
     index: cython.Py_ssize_t
-    session: _BatchSession
     id_keys: list[bytes] = []
     for index in range(size):
         found = owned[owners[index]]
@@ -401,12 +513,12 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     repeats: list[int] = []
     # Two keys naming one session (two live copies of it) each get the marker
     # after their own last event: only then is it tracked per key, event by
-    # event; otherwise a key's marker is its session's after the batch.
-    per_key: cython.bint = len(sessions) != len(keys) - owned.count(None)
+    # event; otherwise a key's marker is its session's after the part.
+    per_key: cython.bint = len(part_sessions) != len(keys) - owned.count(None)
     # Per key: the event count after its last event appended (None: none was), and its time.
     last_counts: list[Any] = [None] * len(keys)
     last_times: list[float] = [0.0] * len(keys)
-    # Events of this batch by id key: not yet in the store, seen by repeats.
+    # Events of this part by id key: not yet in the store, seen by repeats.
     batch_events: dict[bytes, bytes] = {}
     items: Items
     owner: cython.Py_ssize_t
@@ -479,18 +591,8 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
         if per_key:
             last_counts[owner] = count
             last_times[owner] = timestamp
-    _put_entries(data, sessions, True)
-    shared_puts: list[tuple[bytes, bytes]] = []
-    for prefix, state in shared.items():
-        _add_items(shared_puts, prefix, state.items())
-    if shared_puts:
-        txn.cursor(db=dbs.shared).putmulti(shared_puts)
-    sessions_db = dbs.sessions
-    for session in sessions.values():
-        session.settle()
-        record = session.record
-        txn.put(session.key, pack(record.to_list()), db=sessions_db)
-        layout.relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
+    if write:
+        _put_entries(data, part_sessions, False)
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):

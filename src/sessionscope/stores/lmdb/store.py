@@ -38,6 +38,7 @@ from ..records import (
     AppendRequest,
     AppendResult,
     BatchResult,
+    BatchSlices,
     EventCopy,
     EventPage,
     Items,
@@ -461,6 +462,29 @@ class LmdbStore:
                 done = result_of_batch(batch, [], None)
             done.error = partial.error
             return Completion.done(done)
+
+    def append_slices(self, slices: BatchSlices) -> Completion[BatchResult]:
+        """Append a batch as ``append_many`` does, in one transaction, a slice at a time.
+
+        Each slice is packed, written and dropped before the next is packed
+        (``_append.append_slices``). A bad event in any slice aborts the
+        transaction: nothing of the batch is stored, and its error is raised.
+        """
+        return Completion.done(self._append_sliced(slices, -1))
+
+    def _append_sliced(self, slices: BatchSlices, stop: int) -> BatchResult:
+        def append_all(txn: Any) -> BatchResult:
+            return _hot.append_slices(self._writer.dbs, txn, slices, stop)
+
+        try:
+            return self._writer.write(append_all).result()
+        except PartialBatch as partial:
+            # The transaction was aborted: append again what came before the error.
+            done = (
+                self._append_sliced(slices, partial.applied) if partial.applied else slices.join([])
+            )
+            done.error = partial.error
+            return done
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""

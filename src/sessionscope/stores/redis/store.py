@@ -56,10 +56,12 @@ from ...errors import IncompatibleStoreError, StoreClosedError, StoreNotFoundErr
 from .. import redact
 from ..completion import Completion
 from ..expiry import Expirer
+from ..protocol import append_joined
 from ..records import (
     ENCRYPTION_MARKER_APP,
     AppendBatch,
     BatchResult,
+    BatchSlices,
     ListPosition,
     LoadedSession,
     SessionRecord,
@@ -555,6 +557,10 @@ class RedisStore:
             return Completion.done(self._sync.run(batch_plan(batch, self._ops)))
         except Exception as error:  # a network failure stops the batch too
             return Completion.done(result_of_batch(batch, [], error))
+
+    def append_slices(self, slices: BatchSlices) -> Completion[BatchResult]:
+        """Append a batch as one batch, in its pipelined round trips (``Store.append_slices``)."""
+        return append_joined(self, slices)
 
     def append_many_reading(
         self, batch: AppendBatch, reads: list[BatchRead]
