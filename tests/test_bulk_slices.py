@@ -77,14 +77,20 @@ def test_a_bad_event_in_a_later_slice_stores_nothing(sliced_svc: SyncSessionServ
     ]
 
 
+def session_and_ghost(svc: SyncSessionService) -> tuple[Session, Session]:
+    """Return a stored session, and a live copy of one deleted since (a store error to append)."""
+    session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
+    ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
+    svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+    return session, ghost
+
+
 def test_a_store_error_in_a_later_slice_keeps_the_slices_before_it(
     sliced_svc: SyncSessionService,
 ) -> None:
     """A missing session in a later slice: the appends before it stay stored and applied."""
     svc = sliced_svc
-    session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
-    ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
-    svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+    session, ghost = session_and_ghost(svc)
     appends = batch_of([session], BATCH)
     stop = 2 * SLICE_EVENTS + 3
     appends.insert(stop, (ghost, ev({"n": -1})))
@@ -109,9 +115,7 @@ def test_a_bad_event_after_a_store_error_still_refuses_the_whole_batch(
 ) -> None:
     """The slices after the one a store error stops are checked: a bad one stores nothing."""
     svc = sliced_svc
-    session = svc.create_session(app_name=APP, user_id=USER, session_id="s")
-    ghost = svc.create_session(app_name=APP, user_id=USER, session_id="ghost")
-    svc.delete_session(app_name=APP, user_id=USER, session_id="ghost")
+    session, ghost = session_and_ghost(svc)
     appends = batch_of([session], BATCH)
     appends.insert(SLICE_EVENTS + 3, (ghost, ev({"n": -1})))
     appends[2 * SLICE_EVENTS + 3][1].actions.state_delta["bad"] = {1, 2}
