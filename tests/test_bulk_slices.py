@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import _stores
 from sessionscope import Event, EventActions, Session, SyncSessionService
+from sessionscope.crypto import Encryption
+from sessionscope.crypto.store import open_encrypted
 from sessionscope.errors import DuplicateEventError, SessionNotFoundError, StateValueError
 from sessionscope.service._append import SLICE_EVENTS
 from sessionscope.stores.lmdb import LmdbStore
@@ -170,24 +173,32 @@ def test_two_live_copies_in_different_slices_each_stay_current(
     svc.append_event(other, ev({"n": -1}))
 
 
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
 @pytest.mark.parametrize("durability", ["sync", "deferred"])
-def test_a_batch_crossing_a_map_growth_is_stored_once(tmp_path: Path, durability: str) -> None:
+def test_a_batch_crossing_a_map_growth_is_stored_once(
+    tmp_path: Path, durability: str, encrypted: bool
+) -> None:
     """A transaction run again on a grown map packs its slices again: each event stored once.
 
     The events get their ids, float timestamps and temp keys taken out once,
-    in the first run; the run after the growth packs the same bytes.
+    in the first run; the run after the growth packs the same bytes (and,
+    encrypted, seals them again under other nonces).
     """
-    store = LmdbStore(tmp_path / "store", map_size=1 << 20, durability=durability)  # type: ignore[arg-type]
+    lmdb = LmdbStore(tmp_path / "store", map_size=1 << 20, durability=durability)  # type: ignore[arg-type]
+    store: Any = lmdb
+    if encrypted:
+        keys = f"lmdb://{tmp_path / 'keys'}"
+        store = open_encrypted(lmdb, Encryption(keys=keys, key=_stores.TEST_KEK), None)
     with SyncSessionService(store) as svc:
         sessions = [svc.create_session(app_name=APP, user_id=USER, session_id=s) for s in "ab"]
-        before = store.stat()["map_size"]
+        before = lmdb.stat()["map_size"]
         appends = batch_of(sessions, BATCH)
         # About 4 KB a record: the batch outgrows a 1 MB map within its transaction.
         for n, (_, event) in enumerate(appends):
             event.error_message = f"{n:04d}" + "x" * 4096
         appended = svc.append_many(appends)
 
-        assert store.stat()["map_size"] > before
+        assert lmdb.stat()["map_size"] > before
         assert appended == [event for _, event in appends]
         for session in sessions:
             mine = [event for owner, event in appends if owner is session]

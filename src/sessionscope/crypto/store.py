@@ -41,7 +41,7 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..stores.completion import Completion
-from ..stores.protocol import Store, append_joined
+from ..stores.protocol import Store
 from ..stores.records import (
     ENCRYPTION_MARKER_APP,
     AppendBatch,
@@ -283,6 +283,32 @@ class _Then(Completion[U], Generic[T, U]):
     def __await__(self) -> Generator[Any, None, U]:
         value = yield from self._inner.__await__()
         return self._open_once(value)
+
+
+class _SealedSlices:
+    """A batch's slices (``BatchSlices``), each sealed when the store below asks for it.
+
+    Asked again (a transaction run again), a slice is packed and sealed
+    anew: other nonces, the same plaintext.
+    """
+
+    __slots__ = ("_seal", "_slices")
+
+    def __init__(self, slices: BatchSlices, seal: Callable[[AppendBatch], AppendBatch]) -> None:
+        self._slices = slices
+        self._seal = seal
+
+    def __len__(self) -> int:
+        return len(self._slices)
+
+    def slice(self, number: int) -> AppendBatch:
+        return self._seal(self._slices.slice(number))
+
+    def whole(self) -> AppendBatch:
+        return self._seal(self._slices.whole())
+
+    def join(self, results: list[BatchResult]) -> BatchResult:
+        return self._slices.join(results)
 
 
 class EncryptedStore:
@@ -729,8 +755,12 @@ class EncryptedStore:
         return self._inner.append_many(self._batch(batch))
 
     def append_slices(self, slices: BatchSlices) -> Completion[BatchResult]:
-        """Append a batch, sealed, as one batch; see ``Store.append_slices``."""
-        return append_joined(self, slices)
+        """Append a batch, each slice sealed as the store below asks for it.
+
+        See ``Store.append_slices``: a slice's sealed bytes, like its packed
+        ones, live only from its sealing to its write.
+        """
+        return self._inner.append_slices(_SealedSlices(slices, self._batch))
 
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, opened; see ``Store.read_app_state``."""
