@@ -14,8 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from .._speedups import _no_cython as cython
     from ..model import Event
     from ..stores.records import AppendResult
@@ -53,7 +51,6 @@ __all__ = [
     "finish_append",
     "finish_many",
     "prepare_append",
-    "prepare_many",
     "timestamp_of",
 ]
 
@@ -222,7 +219,7 @@ def prepare_append(model: Any, session: Any, event: Any, locked: bool) -> Prepar
     taken the append: ``finish_append`` does that; the service's
     ``abandon_append`` undoes the one change made to the event here.
     Sessions and events are read by ADK's field names (``FieldModel``'s),
-    as a batch reads them (see ``prepare_many``): a model call per field
+    as a batch reads them (see ``SlicedBatch``): a model call per field
     would cost a Python call each.
     """
     if event.partial:
@@ -324,22 +321,6 @@ class PreparedBatch:
         self.originals = []
 
 
-def prepare_many(model: Any, appends: Iterable[tuple[Any, Any]]) -> PreparedBatch:
-    """Check and pack a batch of locked appends without catch-up.
-
-    Partial events are left out. Each append is checked as ``prepare_append``
-    checks it, in order; a bad one gives every event prepared before it its
-    delta back and raises, so nothing of the batch has changed.
-    """
-    prepared = PreparedBatch()
-    try:
-        _prepare_run(model, _encoder(model), appends, prepared, {})
-    except BaseException:
-        abandon_many(model, prepared, 0)
-        raise
-    return prepared
-
-
 @cython.cfunc
 def _encoder(model: Any) -> Any:
     """Return the model's event encoding, or None for this module's own.
@@ -414,8 +395,9 @@ class SlicedBatch:
     ``AppendBatch`` of the caller's appends ``n * SLICE_EVENTS`` to
     ``(n + 1) * SLICE_EVENTS`` (partial events left out), with only the
     sessions it appends to as its keys. Asked the first time, in order, a
-    slice is checked and packed as ``prepare_many`` does (ids given, temp keys
-    taken out of the deltas, timestamps made floats), and a bad event raises
+    slice is checked and packed, each append as ``prepare_append`` checks
+    one (ids given, temp keys taken out of the deltas, timestamps made
+    floats), and a bad event raises
     there, every time it is asked; asked again (a store that runs its
     transaction again) it is packed again from the events as they are now,
     the same bytes, with nothing changed. Nothing keeps a slice's bytes: the

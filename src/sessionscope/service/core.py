@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -425,15 +425,6 @@ class ServiceCore(Generic[S, E]):
         with _live_merge:
             self._merge_locked(session, event, prepared, result)
         return event
-
-    def prepare_many(self, appends: Iterable[tuple[S, E]]) -> _hot.PreparedBatch:
-        """Check and pack a bulk append, every event or none (see ``_append.prepare_many``)."""
-        appends = appends if isinstance(appends, list) else list(appends)
-        try:
-            return _hot.prepare_many(self.model, appends)
-        except (AttributeError, TypeError, ValueError):
-            self.check_pairs(appends)
-            raise
 
     def slice_many(self, appends: list[tuple[S, E]]) -> _hot.SlicedBatch:
         """Return a bulk append to be checked and packed a slice at a time, as the store asks.
