@@ -117,13 +117,19 @@ def test_plain_and_locked_appends_through_one_object_all_land(
         _assert_no_turn_left(svc)
 
 
+def _two_copies(svc: SyncSessionService) -> tuple[dict[str, Any], Session, Session]:
+    """Create a session; return its key and two copies of it read at one revision."""
+    created = svc.create_session(app_name=APP, user_id=USER)
+    key: dict[str, Any] = {"app_name": APP, "user_id": USER, "session_id": created.id}
+    first, second = svc.get_session(**key), svc.get_session(**key)
+    assert first is not None and second is not None
+    assert first.revision == second.revision
+    return key, first, second
+
+
 def test_copies_read_at_one_revision_are_still_stale(store_factory: StoreFactory) -> None:
     with SyncSessionService(store_factory()) as svc:
-        created = svc.create_session(app_name=APP, user_id=USER)
-        key: dict[str, Any] = {"app_name": APP, "user_id": USER, "session_id": created.id}
-        first, second = svc.get_session(**key), svc.get_session(**key)
-        assert first is not None and second is not None
-        assert first.revision == second.revision
+        _, first, second = _two_copies(svc)
         svc.append_event(first, ev(delta={"a": 1}))
         with pytest.raises(StaleSessionError):
             svc.append_event(second, ev(delta={"a": 2}))
@@ -133,14 +139,11 @@ def test_copies_read_at_one_revision_are_still_stale(store_factory: StoreFactory
 def test_copies_appending_from_threads_at_once_one_wins(store_factory: StoreFactory) -> None:
     """Two copies read at one revision, appended through by two threads at once."""
     with SyncSessionService(store_factory()) as svc:
-        created = svc.create_session(app_name=APP, user_id=USER)
-        key: dict[str, Any] = {"app_name": APP, "user_id": USER, "session_id": created.id}
-        copies = [svc.get_session(**key), svc.get_session(**key)]
+        key, *copies = _two_copies(svc)
         landed: list[Event] = []
 
         def worker(n: int) -> None:
             copy = copies[n]
-            assert copy is not None
             event = ev(delta={"by": n})
             svc.append_event(copy, event)
             landed.append(event)
