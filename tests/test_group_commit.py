@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from _stores import child_env
 from sessionscope import (
     Event,
     EventActions,
@@ -199,3 +203,45 @@ def test_writes_queued_while_a_thread_leads_are_all_committed(tmp_path: Path) ->
     assert stored is not None and len(stored.events) == 8 * per_thread
     assert stored.state == {f"w{i}": per_thread - 1 for i in range(8)}
     store.close()
+
+
+ASYNC_DURABLE_CHILD = """
+import asyncio, sys
+from sessionscope import Event, EventActions, SessionService
+
+async def main(path, count):
+    async with SessionService(f"lmdb://{path}") as service:
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        for n in range(count):
+            await service.append_event(
+                session, Event(author="a", actions=EventActions(state_delta={"n": n}))
+            )
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def _writer_locks_taken(path: Path, trace: Path, count: int) -> int:
+    """Return how often a child making ``count`` async durable appends took the writers' flock."""
+    done = subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=flock", "-e", "signal=none", "-o", str(trace),
+         sys.executable, "-c", ASYNC_DURABLE_CHILD, str(path), str(count)],
+        env=child_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return sum("LOCK_EX" in line for line in trace.read_text().splitlines())
+
+
+def test_the_writer_thread_takes_the_write_lock_once_per_commit(tmp_path: Path) -> None:
+    """An event loop's durable append costs one flock of the writers' lock, not two.
+
+    The writer thread commits a task's append; it used to take the lock once
+    more after every commit only to find the queue empty: two system calls
+    an append, and the thread holding the GIL while the woken loop wanted it.
+    """
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    few = _writer_locks_taken(tmp_path / "few", tmp_path / "few.txt", 5)
+    many = _writer_locks_taken(tmp_path / "many", tmp_path / "many.txt", 45)
+    # The difference is the 40 appends alone (opening and closing cancel out).
+    assert many - few == 40, (few, many)

@@ -686,6 +686,11 @@ class Writer:
         """
         batch: list[_Queued] = []
         writes = self._writes
+        if not writes:
+            # Nothing to take: the lock (an flock, two system calls) is spared
+            # on the pass that follows every commit. A write queued after this
+            # look wakes the writer thread, which looks again.
+            return False
         # Taken before the queue is emptied: a loop that finds the queue
         # empty and the lock free writes after everything queued before it.
         locked = False
