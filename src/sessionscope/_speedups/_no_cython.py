@@ -18,12 +18,18 @@ compiled = False
 bint = bool
 int = int
 longlong = int
+ulonglong = int
 double = float
 Py_ssize_t = int
 
 
 def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
     """Return ``value``: a declared attribute or variable is a plain Python one."""
+    return value
+
+
+def address(value: Any) -> Any:
+    """Return ``value``: compiled, a C variable's address (only compiled code calls it)."""
     return value
 
 

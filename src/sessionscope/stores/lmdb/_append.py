@@ -55,6 +55,15 @@ from .layout import (
     Databases,
 )
 
+if TYPE_CHECKING:
+    _c_stat: Any = os.stat
+    _StatBuf: Any = os.stat_result
+elif cython.compiled:
+    # stat(2) itself: os.stat builds a stat_result of some twenty objects,
+    # which took about as long as the system call on every commit.
+    from cython.cimports.posix.stat import stat as _c_stat
+    from cython.cimports.posix.stat import struct_stat as _StatBuf
+
 if not TYPE_CHECKING:
     # The layout's compiled build where there is one: every append runs its
     # key and record helpers. (Its constants are the same bytes either way.)
@@ -115,6 +124,28 @@ class LockFileReplaced(Exception):
     """The store's lock file is no longer the one it opened: nothing was written."""
 
 
+@cython.cfunc
+def _lock_file_unchanged(writer: Writer) -> cython.bint:
+    """Tell whether the store's lock file is still the one it opened (one stat, by path)."""
+    opened = writer.lock_id
+    if opened is None:
+        return False
+    if cython.compiled:
+        found = cython.declare(_StatBuf)
+        if _c_stat(writer.lock_bytes, cython.address(found)) != 0:
+            return False
+        device: cython.ulonglong = opened[0]
+        inode: cython.ulonglong = opened[1]
+        same: cython.bint = found.st_dev == device and found.st_ino == inode
+        return same
+    else:
+        try:
+            lock_file = os.stat(writer.lock_name)
+        except OSError:
+            return False
+        return (lock_file.st_dev, lock_file.st_ino) == opened
+
+
 def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
     """Run writes in one write transaction and commit it; return each write's outcome.
 
@@ -125,11 +156,7 @@ def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bo
     grew and says when the store closed. Compiled, this saves every write
     the Python frames of that path.
     """
-    try:
-        lock_file = os.stat(writer.lock_name)
-    except OSError:
-        raise LockFileReplaced from None
-    if (lock_file.st_dev, lock_file.st_ino) != writer.lock_id:
+    if not _lock_file_unchanged(writer):
         raise LockFileReplaced
     gate = writer.gate
     gate.__enter__()

@@ -172,6 +172,7 @@ class Writer:
         self.lock_path = path / "lock.mdb"
         # A str: os.stat takes it without converting a Path on every write.
         self.lock_name = str(self.lock_path)
+        self.lock_bytes = os.fsencode(self.lock_name)  # what the compiled commit stats
         # The environment is opened holding the writers' flock (see
         # _open_env): the descriptor it is taken on becomes the writer lock's.
         try:
