@@ -69,7 +69,14 @@ if not TYPE_CHECKING:
     # key and record helpers. (Its constants are the same bytes either way.)
     layout = compiled_or_twin("sessionscope.stores.lmdb.layout")
 
-__all__ = ["LockFileReplaced", "append_batch", "append_one", "append_slices", "commit"]
+__all__ = [
+    "LockFileReplaced",
+    "append_batch",
+    "append_one",
+    "append_slices",
+    "commit",
+    "write_append",
+]
 
 # The 8-byte positions of a session's first events, made once: a batch takes
 # its events' positions from here rather than packing each.
@@ -186,6 +193,16 @@ def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bo
     if writer.warmer_idle:
         writer.wake_warmer()
     return outcomes
+
+
+def write_append(writer: Writer, request: AppendRequest, txn: Any) -> AppendResult:
+    """Append one event as a write of ``writer``: ``partial(write_append, writer, request)``.
+
+    The store's write action, called by ``commit`` with no Python frame
+    between them. The database handles are read in the transaction: a
+    map opened again (``Writer._reopen``) replaces them.
+    """
+    return append_one(writer.dbs, txn, request)
 
 
 def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult:

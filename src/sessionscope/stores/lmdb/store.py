@@ -22,7 +22,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator
-from functools import wraps
+from functools import partial, wraps
 from itertools import islice, pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -426,19 +426,9 @@ class LmdbStore:
         """
         return dict(self._writer.dbs.items())
 
-    def append_in(self, txn: Any, request: AppendRequest) -> AppendResult:
-        """Append one event inside a write transaction ``txn`` of this store.
-
-        What ``append`` runs in its transaction: check, write the event's
-        entries, update the session record. Not part of the Store protocol: a
-        subclass may wrap it to see an append's reads and writes (the bench
-        does); callers append with ``append``.
-        """
-        return _hot.append_one(self._writer.dbs, txn, request)
-
     def append(self, request: AppendRequest) -> Completion[AppendResult]:
         """Append one event and apply its packed delta, all or nothing."""
-        return self._writer.write(lambda txn: self.append_in(txn, request))
+        return self._writer.write(partial(_hot.write_append, self._writer, request))
 
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in one transaction; on an error, commit those before it.
