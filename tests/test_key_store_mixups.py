@@ -11,14 +11,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from _stores import TEST_KEK, child_env, run_cli, snapshot_dir
 from sessionscope import SyncSessionService
 from sessionscope.crypto import Encryption
-from sessionscope.errors import IncompatibleStoreError, UnsafeStoreError
+from sessionscope.errors import IncompatibleStoreError, StoreError, UnsafeStoreError
 from sessionscope.stores import open_store
 
 
@@ -128,3 +130,54 @@ def test_a_key_store_others_may_write_to_is_refused(tmp_path: Path) -> None:
         assert e.value.hint is not None and "file_mode" not in e.value.hint
     finally:
         keys.chmod(0o700)
+
+
+def test_a_key_store_that_cannot_be_made_is_refused_before_the_data_store_is_made(
+    tmp_path: Path,
+) -> None:
+    """A mistyped keys= is refused before the new data store's path is created."""
+    data = tmp_path / "data"
+    with pytest.raises(StoreError, match=r"cannot be made: .* is not a directory") as caught:
+        open_store(f"lmdb://{data}", encryption=_encryption(tmp_path / "no" / "such" / "keys"))
+    assert caught.value.hint is not None and "nothing was written" in caught.value.hint
+    # A directory others may write to is refused as opening it would refuse it.
+    shared = tmp_path / "shared-keys"
+    shared.mkdir(mode=0o700)
+    shared.chmod(0o770)
+    with pytest.raises(UnsafeStoreError, match=r"the key store .* is writable by group"):
+        open_store(f"lmdb://{data}", encryption=_encryption(shared))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared-keys"]
+    assert list(shared.iterdir()) == []
+    # Given a key store that can be made, the same path opens encrypted.
+    with SyncSessionService(
+        open_store(f"lmdb://{data}", encryption=_encryption(tmp_path / "keys"))
+    ) as svc:
+        svc.create_session(app_name="a", user_id="u", session_id="s", state={"user:n": 1})
+    with SyncSessionService(
+        open_store(f"lmdb://{data}", encryption=_encryption(tmp_path / "keys"))
+    ) as svc:
+        assert svc.get_user_state(app_name="a", user_id="u") == {"n": 1}
+
+
+def test_a_new_redis_store_is_not_made_when_its_key_store_cannot_be(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """A new Redis store made by an open that failed would be refused encryption from then on."""
+    import redis
+
+    prefix = f"unmade{uuid.uuid4().hex[:8]}:"
+    url = f"{redis_server.url}?prefix={prefix}"
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        with pytest.raises(StoreError, match="cannot be made"):
+            open_store(url, encryption=_encryption(tmp_path / "no" / "keys"))
+        assert client.keys(f"{prefix}*") == []
+        store = open_store(url, encryption=_encryption(tmp_path / "keys"))
+        with SyncSessionService(store) as svc:
+            svc.create_session(app_name="a", user_id="u", session_id="s", state={"user:n": 1})
+            assert svc.get_user_state(app_name="a", user_id="u") == {"n": 1}
+    finally:
+        names = client.keys(f"{prefix}*")
+        if names:
+            client.delete(*names)
+        client.close()

@@ -29,7 +29,7 @@ from ..stores.lmdb.layout import DB_NAMES
 from ..stores.lmdb.opening import OPEN_HERE, check_store_files, file_id
 from ..stores.uri import check_server_uri, redact, uri_path
 
-__all__ = ["KeyBackend", "open_key_store"]
+__all__ = ["KeyBackend", "check_makeable", "open_key_store"]
 
 # Enough for about ten million users' keys; LMDB reserves it, the file grows as used.
 _MAP_SIZE = 1 << 31
@@ -147,6 +147,54 @@ def _refuse_a_data_store(path: Path, where: str) -> None:
         )
 
 
+def _check_directory(path: Path) -> None:
+    """Refuse a key store's directory that is not its owner's alone.
+
+    What a store's directory must be (no planted links, FIFOs or devices, no
+    other writer), checked before LMDB opens a file. A key store takes no
+    file_mode= or trust_directory=: its directory is its owner's alone,
+    whatever the data store's is.
+    """
+    try:
+        check_store_files(path)
+    except UnsafeStoreError as error:
+        what = str(error).rpartition(" (hint: ")[0] or str(error)
+        raise UnsafeStoreError(
+            f"the key store {what}",
+            hint="a key store's directory and files are its owner's alone: chmod go-w "
+            "the directory, remove a link in place of its files",
+        ) from None
+
+
+def check_makeable(location: str) -> None:
+    """Refuse a key store that does not exist yet and could not be made here.
+
+    Called before a new data store is created (``checked_kek``): otherwise a
+    mistyped ``keys=`` (a directory that does not exist, one this process
+    may not write to, or one others may write to) would be found only after
+    the data store had been made, and a new Redis store made by an open that
+    failed is refused encryption from then on. Only an LMDB key store is
+    made on disk; a Redis one answers (or not) when it is first read.
+    """
+    parts = urlsplit(location)
+    if parts.scheme != "lmdb":
+        return
+    path = Path(os.path.expanduser(uri_path(location).split("?", 1)[0]))
+    where = f"lmdb://{path}"
+    _check_directory(path)
+    directory = path if path.is_dir() else path.parent
+    problem = None
+    if not directory.is_dir():
+        problem = f"{directory} is not a directory"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        problem = f"this process may not write to {directory}"
+    if problem is not None:
+        raise StoreError(
+            f"the key store {where} cannot be made: {problem}",
+            hint="check the path and its permissions; nothing was written",
+        )
+
+
 class LmdbKeys:
     """A key store in an LMDB file of its own (``data.mdb`` in its directory)."""
 
@@ -167,19 +215,7 @@ class LmdbKeys:
                 _lmdb_open[self._real] = (known[0], known[1] + 1)
                 self._closed = False
                 return
-            # What a store's directory must be (no planted links, FIFOs or
-            # devices, no other writer), checked before LMDB opens a file.
-            # A key store takes no file_mode= or trust_directory=: its
-            # directory is its owner's alone, whatever the data store's is.
-            try:
-                check_store_files(path)
-            except UnsafeStoreError as error:
-                what = str(error).rpartition(" (hint: ")[0] or str(error)
-                raise UnsafeStoreError(
-                    f"the key store {what}",
-                    hint="a key store's directory and files are its owner's alone: chmod go-w "
-                    "the directory, remove a link in place of its files",
-                ) from None
+            _check_directory(path)
             try:
                 if (path / "data.mdb").is_file():
                     _refuse_a_data_store(path, self.where)

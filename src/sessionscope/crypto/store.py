@@ -70,7 +70,7 @@ from .envelope import (
 )
 from .kek import Kek, kek_from
 from .keyring import Keyring, app_prefix, app_scope, read_meta, user_scope
-from .keystore import KeyBackend, open_key_store
+from .keystore import KeyBackend, check_makeable, open_key_store
 
 __all__ = [
     "MARKER_APP",
@@ -145,18 +145,22 @@ def _key_store_at(encryption: Encryption, default_keys: str | None) -> str:
     return location
 
 
-def checked_kek(encryption: Encryption, default_keys: str | None) -> Kek:
+def checked_kek(encryption: Encryption, default_keys: str | None, create: bool = True) -> Kek:
     """Return the KEK, checked against the key store if there is one: before the data is opened.
 
     A missing or malformed key, or a key that is not the one an existing
     key store's data keys are wrapped under, is refused before the data
     store is opened, so that a new store's path is not created for nothing.
-    A key store that does not exist yet is not created here.
+    A key store that does not exist yet is not created here; with
+    ``create``, one that could not be made is refused here too.
     """
     kek = encryption.kek()
+    location = _key_store_at(encryption, default_keys)
     try:
-        keys = open_key_store(_key_store_at(encryption, default_keys), create=False)
+        keys = open_key_store(location, create=False)
     except StoreNotFoundError:
+        if create:
+            check_makeable(location)
         return kek
     try:
         meta = read_meta(keys)

@@ -55,7 +55,7 @@ def open_store(uri: str, *, create: bool = True, encryption: Any = None, **optio
     elif spec.kind == "lmdb":
         default_keys = f"lmdb://{Path(spec.path).absolute()}.keys"
     # The key first: a missing or wrong one leaves a new store's path uncreated.
-    kek = crypto.checked_kek(encryption, default_keys)
+    kek = crypto.checked_kek(encryption, default_keys, create)
     store = _open_plain(spec, create, merged)
     try:
         encrypted: Store = crypto.open_encrypted(store, encryption, default_keys, create, kek)
