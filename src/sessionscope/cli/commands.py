@@ -80,18 +80,24 @@ def open_uri(uri: str, *, existing: bool = True) -> Store:
         # Chained: verify tells an encrypted store (a usage error) from damage.
         raise UsageError(str(error)) from error
     except UnsafeStoreError as error:
-        # Refused for a store file that is a link (a FIFO or device is an
-        # IncompatibleStoreError); a directory others may write to, or a Redis
-        # server that may evict, stays a refusal of the store.
-        path = lmdb_path(uri)
-        links = path is not None and any((path / n).is_symlink() for n in ("data.mdb", "lock.mdb"))
-        if links:
+        if _links_in(lmdb_path(uri)):
             raise UsageError(str(error)) from error
         raise
     except SessionscopeError:
         raise
     except ValueError as error:  # an unknown scheme or option
         raise UsageError(str(error)) from None
+
+
+def _links_in(path: Path | None) -> bool:
+    """Tell whether a store was refused as unsafe for a file of it that is a link.
+
+    That is bad input (exit 2), as a FIFO or a device there is (an
+    IncompatibleStoreError); a directory others may write to, or a Redis
+    server that may evict, stays a refusal of the store (exit 1), whichever
+    command met it.
+    """
+    return path is not None and any((path / n).is_symlink() for n in ("data.mdb", "lock.mdb"))
 
 
 def _check_filters(args: argparse.Namespace) -> None:
@@ -581,9 +587,13 @@ def upgrade_command(args: argparse.Namespace) -> int:
         raise UsageError(f"no store: {path} holds none")
     try:
         before = LmdbStore.upgrade(path, **_file_options(args.uri))
-    except (IncompatibleStoreError, UnsafeStoreError) as error:
+    except IncompatibleStoreError as error:
         # A path that is no store, or files that must not be opened: bad input.
         raise UsageError(str(error)) from None
+    except UnsafeStoreError as error:
+        if _links_in(path):
+            raise UsageError(str(error)) from None
+        raise
     document = {"path": str(path), "format_before": before, "format": FORMAT_VERSION}
 
     def text() -> str:
@@ -604,8 +614,12 @@ def compact_command(args: argparse.Namespace) -> int:
         with _progress(args, None, "compact") as bar:
             result = compact(path, **_file_options(args.uri))
             bar.update(1, 1)
-    except (IncompatibleStoreError, UnsafeStoreError) as error:
+    except IncompatibleStoreError as error:
         raise UsageError(str(error)) from None
+    except UnsafeStoreError as error:
+        if _links_in(path):
+            raise UsageError(str(error)) from None
+        raise
 
     def text() -> str:
         saved = result["bytes_before"] - result["bytes_after"]
