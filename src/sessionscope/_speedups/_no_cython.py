@@ -21,6 +21,7 @@ longlong = int
 ulonglong = int
 double = float
 Py_ssize_t = int
+p_const_char = bytes
 
 
 def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
@@ -75,3 +76,16 @@ def inline(function: F) -> F:
 def final(cls: C) -> C:
     """Leave a class as it is (compiled, its methods are never overridden)."""
     return cls
+
+
+class _NoGil:
+    """Compiled, ``with nogil:`` releases the GIL; here it does nothing."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+nogil = _NoGil()

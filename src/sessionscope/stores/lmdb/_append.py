@@ -139,7 +139,13 @@ def _lock_file_unchanged(writer: Writer) -> cython.bint:
         return False
     if cython.compiled:
         found = cython.declare(_StatBuf)
-        if _c_stat(writer.lock_bytes, cython.address(found)) != 0:
+        name: bytes = writer.lock_bytes
+        path: cython.p_const_char = name
+        failed: cython.int
+        # As os.stat does: a slow disk must not hold up the other threads.
+        with cython.nogil:
+            failed = _c_stat(path, cython.address(found))
+        if failed != 0:
             return False
         device: cython.ulonglong = opened[0]
         inode: cython.ulonglong = opened[1]
