@@ -465,6 +465,11 @@ def append_under_interrupts(path: str, durability: str, seconds: str) -> None:
         try:
             try:
                 if time.monotonic() > end:
+                    # Inside the handlers: an interrupt landing after the loop,
+                    # before this, would end the child (and, with the signals
+                    # still coming, interrupt the printing of its traceback).
+                    # Interrupts pending when it returns are dropped.
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                     break
                 session = svc.get_session(app_name="app", user_id="user", session_id="s")
                 assert session is not None
@@ -474,7 +479,6 @@ def append_under_interrupts(path: str, durability: str, seconds: str) -> None:
                 interrupts += 1
         except KeyboardInterrupt:  # landed in the handler of the one before
             interrupts += 1
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop.set()
     sender.join(10)
 
