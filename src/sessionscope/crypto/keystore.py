@@ -179,7 +179,7 @@ def check_makeable(location: str) -> None:
     parts = urlsplit(location)
     if parts.scheme != "lmdb":
         return
-    path = Path(os.path.expanduser(uri_path(location).split("?", 1)[0]))
+    path = _lmdb_path(location)
     where = f"lmdb://{path}"
     _check_directory(path)
     directory = path if path.is_dir() else path.parent
@@ -399,6 +399,14 @@ class RedisKeys:
         self._client.close()
 
 
+def _lmdb_path(location: str) -> Path:
+    """Return the directory an ``lmdb://`` key store URI names."""
+    path = uri_path(location).split("?", 1)[0]
+    if not path:
+        raise ValueError(f"the key store {location!r} names no path")
+    return Path(os.path.expanduser(path))
+
+
 def open_key_store(location: str, *, create: bool = True) -> KeyBackend:
     """Open the key store a URI names (``lmdb:///path``, ``redis://...?prefix=``, ``memory://``)."""
     parts = urlsplit(location)
@@ -409,10 +417,7 @@ def open_key_store(location: str, *, create: bool = True) -> KeyBackend:
         with _lmdb_lock:
             return _named_memory.setdefault(parts.netloc, MemoryKeys())
     if parts.scheme == "lmdb":
-        path = uri_path(location).split("?", 1)[0]
-        if not path:
-            raise ValueError(f"the key store {location!r} names no path")
-        return LmdbKeys(Path(os.path.expanduser(path)), create)
+        return LmdbKeys(_lmdb_path(location), create)
     if parts.scheme in ("redis", "rediss"):
         check_server_uri(location)
         pairs = parse_qsl(parts.query, keep_blank_values=True)

@@ -54,6 +54,7 @@ from .layout import (
     USER,
     Databases,
 )
+from .opening import file_id
 
 if TYPE_CHECKING:
     _c_stat: Any = os.stat
@@ -152,11 +153,7 @@ def _lock_file_unchanged(writer: Writer) -> cython.bint:
         same: cython.bint = found.st_dev == device and found.st_ino == inode
         return same
     else:
-        try:
-            lock_file = os.stat(writer.lock_name)
-        except OSError:
-            return False
-        return (lock_file.st_dev, lock_file.st_ino) == opened
+        return file_id(writer.lock_name) == opened
 
 
 def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bool, Any]]:
