@@ -21,7 +21,7 @@ import pytest
 
 from _stores import FailingAfter, child_env, run_cli, snapshot_dir
 from sessionscope import Event, SyncSessionService, open_store
-from sessionscope.admin.ops import VERIFY_HINT, check_store, compact
+from sessionscope.admin.ops import VERIFY_HINT, backup, check_store, compact
 from sessionscope.crypto import Encryption, Kek, open_key_store
 from sessionscope.crypto.keyring import rotate_kek
 from sessionscope.errors import StoreError
@@ -159,6 +159,27 @@ def test_a_finished_backup_holds_only_the_store(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(dest)) == ["data.mdb"]
     assert run_cli("verify", f"lmdb://{dest}").returncode == 0
+
+
+def test_backup_copies_the_ciphertext_of_an_encrypted_store_and_refuses_other_kinds(
+    tmp_path: Path,
+) -> None:
+    encryption = Encryption(keys=f"lmdb://{tmp_path / 'keys'}", key=bytes(range(32)))
+    source = tmp_path / "src"
+    with SyncSessionService(open_store(f"lmdb://{source}", encryption=encryption)) as service:
+        session = service.create_session(app_name="a", user_id="u", state={"secret": "s3cr3t"})
+        store = service.store
+        result = backup(store, tmp_path / "bk")
+    assert result["verified"] and result["source"] == str(source)
+    copied = (tmp_path / "bk" / "data.mdb").read_bytes()
+    assert session.id.encode() in copied and b"s3cr3t" not in copied
+    with SyncSessionService(open_store(f"lmdb://{tmp_path / 'bk'}", encryption=encryption)) as back:
+        again = back.get_session(app_name="a", user_id="u", session_id=session.id)
+    assert again is not None and again.state["secret"] == "s3cr3t"
+    # A store that is not LMDB (nor encrypted over LMDB) is refused before dest is touched.
+    with SyncSessionService("memory://") as memory, pytest.raises(StoreError, match="LMDB"):
+        backup(memory.store, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
 
 
 # -- compact -------------------------------------------------------------------------

@@ -543,9 +543,12 @@ def _check_copy(directory: Path) -> CheckReport:
 BACKUP_PARTIAL = "backup.partial"
 
 
-def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
+def backup(store: Store, dest: Path) -> dict[str, Any]:
     """Copy a live store into the new or empty directory ``dest``, then check the copy.
 
+    ``store`` is an LMDB store, or an encrypted one over an LMDB store,
+    whose copy holds the ciphertext its file holds (anything else is a
+    ``StoreError``, before ``dest`` is touched).
     ``dest`` is made owner-only (an empty one given keeps its mode; the
     files are owner-only) in a directory that must exist; a link, a
     file, a directory that holds anything, or a path inside the store's own
@@ -556,7 +559,10 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     verify is removed again (only the files this call made), with the
     directory if this call made it.
     """
-    created = make_directory(dest, [store.path])
+    below = lmdb_below(store)
+    if below is None:
+        raise StoreError(f"backup copies LMDB stores, not {type(store).__name__}")
+    created = make_directory(dest, [below.path])
     started = time.perf_counter()
     work = dest / BACKUP_PARTIAL
     try:
@@ -573,7 +579,7 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
     published: os.stat_result | None = None
     try:
         try:
-            store.copy_to(work)
+            below.copy_to(work)
             copied = time.perf_counter() - started
             report = _check_copy(work)
             # The copy's lock file first: what a kill leaves after the move is
@@ -593,10 +599,10 @@ def backup(store: LmdbStore, dest: Path) -> dict[str, Any]:
                 dest.rmdir()
         raise
     return {
-        "source": str(store.path),
+        "source": str(below.path),
         "dest": str(dest),
         "uri": path_uri(dest),
-        "source_bytes": (store.path / "data.mdb").stat().st_size,
+        "source_bytes": (below.path / "data.mdb").stat().st_size,
         "backup_bytes": (dest / "data.mdb").stat().st_size,
         "sessions": report.sessions,
         "events": report.events,

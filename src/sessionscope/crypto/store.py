@@ -371,12 +371,6 @@ class EncryptedStore:
             self._aio = _AsyncEncrypted(self)
         return self._aio
 
-    def __getattr__(self, name: str) -> Any:
-        # What a kind of store offers beside the protocol (copy_to, format, where...).
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
     # -- sealing ---------------------------------------------------------
 
     def _fresh_user(self, app: str, user: str) -> Cipher:
