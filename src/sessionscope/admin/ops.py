@@ -549,6 +549,7 @@ def backup(store: Store, dest: Path) -> dict[str, Any]:
     ``store`` is an LMDB store, or an encrypted one over an LMDB store,
     whose copy holds the ciphertext its file holds (anything else is a
     ``StoreError``, before ``dest`` is touched).
+
     ``dest`` is made owner-only (an empty one given keeps its mode; the
     files are owner-only) in a directory that must exist; a link, a
     file, a directory that holds anything, or a path inside the store's own
