@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -17,22 +18,36 @@ def _pure_build_requested() -> bool:
     return os.environ.get("SESSIONSCOPE_NO_EXTENSIONS", "") not in ("", "0")
 
 
+def import_build(name: str) -> ModuleType:
+    """Import one build of a module by name, for a test that runs on each build.
+
+    A compiled build missing is only expected where the pure build was asked
+    for: the test is skipped there, and fails anywhere else (otherwise the
+    twin would silently be tested twice).
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if _pure_build_requested():
+            pytest.skip(f"{name} not built (SESSIONSCOPE_NO_EXTENSIONS is set): {exc}")
+        pytest.fail(
+            f"{name} is not importable ({exc}); build it, "
+            "or set SESSIONSCOPE_NO_EXTENSIONS=1 to test the pure-Python twin only"
+        )
+
+
 @pytest.fixture(scope="session", params=["c", "py"])
 def core_impl(request: pytest.FixtureRequest) -> ModuleType:
     """Yield the compiled scope core, then its pure-Python twin."""
     if request.param == "py":
         return importlib.import_module("sessionscope._speedups._core_py")
-    try:
-        return importlib.import_module("sessionscope._speedups._core")
-    except ImportError as exc:
-        # A missing compiled core is only expected when the pure build was
-        # asked for; otherwise the twin would silently be tested twice.
-        if _pure_build_requested():
-            pytest.skip(f"compiled core not built (SESSIONSCOPE_NO_EXTENSIONS is set): {exc}")
-        pytest.fail(
-            f"compiled core sessionscope._speedups._core is not importable ({exc}); build it, "
-            "or set SESSIONSCOPE_NO_EXTENSIONS=1 to test the pure-Python twin only"
-        )
+    return import_build("sessionscope._speedups._core")
+
+
+@pytest.fixture
+def build_of() -> Callable[[str], ModuleType]:
+    """Return ``import_build``: a test's module, compiled or twin, by name."""
+    return import_build
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

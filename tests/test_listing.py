@@ -6,7 +6,9 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import lmdb
 import pytest
@@ -288,7 +290,9 @@ def test_listed_metadata_is_the_sessions_own(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "module", ["sessionscope.service._listing", "sessionscope.service._listing_c"]
 )
-def test_listing_metas_are_what_the_dataclass_makes(module: str) -> None:
+def test_listing_metas_are_what_the_dataclass_makes(
+    module: str, build_of: Callable[[str], ModuleType]
+) -> None:
     """Both builds of metas() give what SessionMeta(...) gives: every field, still frozen.
 
     The compiled build sets the fields with PyObject_GenericSetAttr, past
@@ -297,11 +301,10 @@ def test_listing_metas_are_what_the_dataclass_makes(module: str) -> None:
     does more than set fields, must show here.
     """
     import dataclasses
-    import importlib
 
     from sessionscope.stores.records import SessionRecord
 
-    listing = importlib.import_module(module)
+    listing = build_of(module)
     record = SessionRecord(APP, "u", "s1", 7, 1.5, 2.5, 9, "e9", removed_count=2)
     (meta,) = listing.metas([record])
     expected = SessionMeta(

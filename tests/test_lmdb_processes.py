@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -328,18 +329,18 @@ def test_the_loop_runs_while_another_process_holds_the_write_lock(
 @pytest.mark.parametrize(
     "module", ["sessionscope.stores.lmdb._locks", "sessionscope.stores.lmdb._locks_c"]
 )
-def test_the_writer_lock_reads_lmdb_s_write_mutex_where_it_is(tmp_path: Path, module: str) -> None:
+def test_the_writer_lock_reads_lmdb_s_write_mutex_where_it_is(
+    tmp_path: Path, module: str, build_of: Callable[[str], ModuleType]
+) -> None:
     """LMDB's write mutex word is where WriterLock reads it: taken while held, free after.
 
     Kept on purpose (see "Internals kept, and why" in docs/ARCHITECTURE.md):
     should LMDB move its mutex, the loop would silently hand every deferred
     write to the writer thread; this fails instead.
     """
-    import importlib
-
     import lmdb
 
-    locks = importlib.import_module(module)
+    locks = build_of(module)
     env = lmdb.open(str(tmp_path))
     lock = locks.WriterLock(str(tmp_path / "lock.mdb"))
     try:
