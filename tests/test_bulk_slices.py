@@ -28,10 +28,17 @@ BATCH = 2 * SLICE_EVENTS + SLICE_EVENTS // 2
 
 
 @pytest.fixture(params=_stores.STORE_KINDS + _stores.ENCRYPTED_KINDS)
-def sliced_svc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SyncSessionService]:
-    """Yield a service over a fresh store of each kind, plain and encrypted."""
-    for factory in _stores.factory_of_param(request, tmp_path):
-        yield SyncSessionService(factory())
+def sliced_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[_stores.StoreFactory]:
+    """Yield a factory of stores of each kind, plain and encrypted."""
+    yield from _stores.factory_of_param(request, tmp_path)
+
+
+@pytest.fixture
+def sliced_svc(sliced_factory: _stores.StoreFactory) -> SyncSessionService:
+    """Return a service over a fresh store of each kind, plain and encrypted."""
+    return SyncSessionService(sliced_factory())
 
 
 def ev(delta: dict[str, object], **fields: object) -> Event:
@@ -171,6 +178,54 @@ def test_two_live_copies_in_different_slices_each_stay_current(
     assert other.events == [event for _, event in appends[SLICE_EVENTS:]]
     # The copy that appended last is current: a plain append from it is not stale.
     svc.append_event(other, ev({"n": -1}))
+
+
+def test_each_key_keeps_the_value_of_the_last_event_applied(
+    sliced_factory: _stores.StoreFactory,
+) -> None:
+    """A key set by many events of a batch keeps the last applied one's value; a repeat sets none.
+
+    An encrypted store over LMDB has the store below seal only those values,
+    as it writes them (``AppendBatch.seal_state``): a store opened afresh,
+    which has nothing kept opened, reads them, and no value is in the files
+    in plaintext.
+    """
+    svc = SyncSessionService(sliced_factory())
+    a, b = (svc.create_session(app_name=APP, user_id=USER, session_id=s) for s in "ab")
+    stored = ev({"who": "stored", "user:who": "stored", "app:who": "stored"})
+    svc.append_event(a, stored)
+
+    def values(n: int) -> dict[str, object]:
+        return {"who": f"session-{n:04d}", "user:who": f"user-{n:04d}", "app:who": f"app-{n:04d}"}
+
+    appends = [(a if n % 2 == 0 else b, ev(values(n))) for n in range(BATCH)]
+    # The last event of the batch to set each key is the stored one again: a repeat.
+    appends.append((a, stored))
+    svc.append_many(appends)
+
+    last = BATCH - 1
+    last_of_a = last if last % 2 == 0 else last - 1
+    last_of_b = last if last % 2 == 1 else last - 1
+    expected = {
+        "a": {**values(last_of_a), "user:who": f"user-{last:04d}", "app:who": f"app-{last:04d}"},
+        "b": {**values(last_of_b), "user:who": f"user-{last:04d}", "app:who": f"app-{last:04d}"},
+    }
+
+    def check(reader: SyncSessionService) -> None:
+        for session_id, state in expected.items():
+            got = reader.get_session(app_name=APP, user_id=USER, session_id=session_id)
+            assert got is not None and got.state == state
+
+    check(svc)
+    # A live session holds what its own events set.
+    assert a.state == values(last_of_a) and b.state == values(last_of_b)
+    if sliced_factory.persistent:
+        svc.close()
+        with SyncSessionService(sliced_factory.reopen()) as again:
+            check(again)
+    if sliced_factory.encrypted and sliced_factory.kind in _stores.LMDB_KINDS:
+        data = (sliced_factory.path / "data.mdb").read_bytes()
+        assert b"session-0" not in data and b"user-0" not in data and b"app-0" not in data
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])

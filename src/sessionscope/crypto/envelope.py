@@ -648,6 +648,7 @@ def seal_many(
     events: list[bytes],
     item_lists: tuple[list[Items], list[Items], list[Items]],
     kept: tuple[Opened, Opened],
+    with_items: bool = True,
 ) -> tuple[list[bytes], list[Items], list[Items], list[Items]]:
     """Return a batch's events and state items sealed (what ``EncryptedStore`` hands down).
 
@@ -656,7 +657,8 @@ def seal_many(
     ``places[owner]`` (app, user and session maps, events' head, first).
     ``item_lists`` holds the app, user and session items of every event;
     ``kept`` the store's ``Opened`` of events and of state values, which
-    keep what is sealed here.
+    keep what is sealed here. Without ``with_items`` only the events are
+    sealed, and the item lists come back as they were given.
     """
     app_lists, user_lists, session_lists = item_lists
     kept_events, kept_values = kept
@@ -674,10 +676,14 @@ def seal_many(
         at = places[owner]
         event_id, stamp = event_ids[index], timestamps[index]
         sealed_events.append(cipher.seal_event(at[3], event_id, stamp, events[index], kept_events))
+        if not with_items:
+            continue
         items = app_lists[index]
         app_items.append(apps[owner].seal_items(items, at[0], kept_values) if items else items)
         items = user_lists[index]
         user_items.append(cipher.seal_items(items, at[1], kept_values) if items else items)
         items = session_lists[index]
         session_items.append(cipher.seal_items(items, at[2], kept_values) if items else items)
+    if not with_items:
+        return sealed_events, app_lists, user_lists, session_lists
     return sealed_events, app_items, user_items, session_items

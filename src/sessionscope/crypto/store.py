@@ -293,23 +293,30 @@ class _SealedSlices:
     """A batch's slices (``BatchSlices``), each sealed when the store below asks for it.
 
     Asked again (a transaction run again), a slice is packed and sealed
-    anew: other nonces, the same plaintext.
+    anew: other nonces, the same plaintext. Asked with ``defer_sealing``,
+    a slice has its events sealed and its state items left for the store
+    below to seal through ``AppendBatch.seal_state``, once it knows which
+    value each key is left with: in a batch of the agent mix most state
+    keys are set again by a later event, and a value set again need never
+    be sealed.
     """
 
     __slots__ = ("_seal", "_slices")
 
-    def __init__(self, slices: BatchSlices, seal: Callable[[AppendBatch], AppendBatch]) -> None:
+    def __init__(
+        self, slices: BatchSlices, seal: Callable[[AppendBatch, bool], AppendBatch]
+    ) -> None:
         self._slices = slices
         self._seal = seal
 
     def __len__(self) -> int:
         return len(self._slices)
 
-    def slice(self, number: int) -> AppendBatch:
-        return self._seal(self._slices.slice(number))
+    def slice(self, number: int, defer_sealing: bool = False) -> AppendBatch:
+        return self._seal(self._slices.slice(number), defer_sealing)
 
     def whole(self) -> AppendBatch:
-        return self._seal(self._slices.whole())
+        return self._seal(self._slices.whole(), False)
 
     def join(self, results: list[BatchResult]) -> BatchResult:
         return self._slices.join(results)
@@ -483,7 +490,12 @@ class EncryptedStore:
             self._open_event(app, user, session, request.event, scope),
         )
 
-    def _batch(self, batch: AppendBatch) -> AppendBatch:
+    def _batch(self, batch: AppendBatch, defer_sealing: bool = False) -> AppendBatch:
+        """Return a batch with its events sealed, and its state items (unless ``defer_sealing``).
+
+        Deferred, the items stay plaintext and the batch carries
+        ``_seal_state``, which the store below calls on what it writes.
+        """
         keys, owners = batch.keys, batch.owners
         # Per session of the batch: its user's cipher, its app's, and the
         # places of its three maps, made once.
@@ -502,6 +514,7 @@ class EncryptedStore:
             batch.events,
             (batch.app_items, batch.user_items, batch.session_items),
             (self._opened_events, self._opened_values),
+            not defer_sealing,
         )
         return AppendBatch(
             keys,
@@ -513,6 +526,16 @@ class EncryptedStore:
             user_items,
             session_items,
             self._same_event,
+            self._seal_state if defer_sealing else None,
+        )
+
+    def _seal_state(self, kind: str, key: tuple[str, str, str], items: Items) -> Items:
+        """Return the items a batch leaves in one map sealed (``AppendBatch.seal_state``)."""
+        at = self._places(*key)
+        if kind == "a":
+            return self._keyring.current(at[5]).seal_items(items, at[0], self._opened_values)
+        return self._keyring.current(at[4]).seal_items(
+            items, at[1] if kind == "u" else at[2], self._opened_values
         )
 
     def _copy(self, copy: SessionCopy) -> SessionCopy:

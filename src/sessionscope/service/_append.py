@@ -433,8 +433,11 @@ class SlicedBatch:
     def __len__(self) -> int:
         return (len(self.appends) + SLICE_EVENTS - 1) // SLICE_EVENTS
 
-    def slice(self, number: int) -> AppendBatch:
-        """Return slice ``number``'s batch, checked and packed (see the class)."""
+    def slice(self, number: int, defer_sealing: bool = False) -> AppendBatch:
+        """Return slice ``number``'s batch, checked and packed (see the class).
+
+        ``defer_sealing`` changes nothing: these items are stored as they are.
+        """
         prepared: PreparedBatch = self.prepared
         if self.whole_batch is not None:
             raise RuntimeError("a batch handed whole is not sliced")

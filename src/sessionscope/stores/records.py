@@ -28,6 +28,7 @@ __all__ = [
     "PartialBatch",
     "PreparedAppend",
     "SameEvent",
+    "SealState",
     "SessionCopy",
     "SessionRecord",
     "copies_equal",
@@ -138,6 +139,13 @@ class LoadedSession:
 # records (sessionscope.crypto) seals a retried event to other bytes: it hands
 # one down with its requests, and the rules of a repeat ask it.
 SameEvent = Callable[["AppendRequest", bytes], bool]
+
+# Seals the state items a batch leaves in one map (kind "a", "u" or "s": the
+# app's, the user's or the session's map; ``key`` a session that writes it),
+# returning the items as stored. A store that seals (sessionscope.crypto) may
+# hand a batch's items down unsealed with one of these (``AppendBatch``), so
+# that a value set again later in the batch is never sealed.
+SealState = Callable[[str, tuple[str, str, str], Items], Items]
 
 
 @dataclass(slots=True)
@@ -250,6 +258,10 @@ class AppendBatch:
     session_items: list[Items] = field(default_factory=list)
     # Handed to each event's request (see ``AppendRequest.same_event``).
     same_event: SameEvent | None = None
+    # None: the items are stored as they are. Set (only on a slice asked with
+    # ``defer_sealing``): the items are plaintext, and the store passes the
+    # items it writes to each map through it, once, just before writing them.
+    seal_state: SealState | None = None
 
     def __len__(self) -> int:
         return len(self.events)
@@ -287,6 +299,7 @@ class AppendBatch:
             self.user_items[:count],
             self.session_items[:count],
             self.same_event,
+            self.seal_state,
         )
 
     @classmethod
@@ -358,11 +371,17 @@ class BatchSlices(Protocol):
     ``head``). ``whole()`` is the batch in one ``AppendBatch``, for a store
     that appends no faster in slices (``append_joined``); a store calls
     either ``slice`` or ``whole``, never both.
+
+    ``slice(n, defer_sealing=True)`` is for a store that writes each state
+    key a batch sets once, with its last value: it lets a slice come with
+    its state items unsealed and ``AppendBatch.seal_state`` set, which the
+    store must then call on the items of every map it writes. A batch that
+    seals nothing ignores it.
     """
 
     def __len__(self) -> int: ...
 
-    def slice(self, number: int) -> AppendBatch: ...
+    def slice(self, number: int, defer_sealing: bool = False) -> AppendBatch: ...
 
     def whole(self) -> AppendBatch: ...
 

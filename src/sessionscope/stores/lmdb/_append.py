@@ -407,6 +407,7 @@ def append_batch(dbs: Databases, txn: Any, batch: AppendBatch) -> BatchResult:
     takes the batch's entries in one ``putmulti`` call, in key order.
     """
     state = _BatchState(dbs, txn)
+    state.seal_state = batch.seal_state
     # One part: its events go with the state entries, in finish's one putmulti.
     result = _append_part(state, batch, False)
     state.finish()
@@ -426,6 +427,10 @@ def append_slices(dbs: Databases, txn: Any, slices: BatchSlices, stop: int) -> B
     slices are checked too), and a slice's bad event raises its own error,
     which aborts the transaction. ``stop``
     (-1: none) ends the batch after its first ``stop`` events.
+
+    The slices are asked with ``defer_sealing``: a store that seals state
+    values (``AppendBatch.seal_state``) then seals only the value each key
+    is left with, in ``finish``.
     """
     state = _BatchState(dbs, txn)
     results: list[BatchResult] = []
@@ -434,7 +439,8 @@ def append_slices(dbs: Databases, txn: Any, slices: BatchSlices, stop: int) -> B
     for number in range(len(slices)):
         if stop >= 0 and done >= stop:
             break
-        batch: AppendBatch = slices.slice(number)
+        batch: AppendBatch = slices.slice(number, True)
+        state.seal_state = batch.seal_state
         size: cython.Py_ssize_t = len(batch.events)
         if stop >= 0 and done + size > stop:
             batch = batch.head(stop - done)
@@ -446,7 +452,7 @@ def append_slices(dbs: Databases, txn: Any, slices: BatchSlices, stop: int) -> B
                 # The later slices are checked all the same: a bad event
                 # anywhere refuses the whole batch, as when it is packed whole.
                 for later in range(number + 1, len(slices)):
-                    slices.slice(later)
+                    slices.slice(later, True)
             raise PartialBatch(done + partial.applied, partial.error) from partial.error
         # Dropped before the next slice is packed: one slice's bytes live at a time.
         batch = None  # type: ignore[assignment]
@@ -461,8 +467,11 @@ class _BatchState:
 
     ``sessions`` holds each stored session the batch appends to, by key;
     ``shared`` the app and user maps it sets, by prefix (see
-    ``_BatchSession``). ``finish`` writes what waits until the batch's end:
-    the state entries, the session records and their listing.
+    ``_BatchSession``), and ``shared_owners`` what ``seal_state`` is told of
+    each: its kind and a session that writes it. ``finish`` writes what
+    waits until the batch's end: the state entries (through ``seal_state``,
+    when the batch's items came unsealed), the session records and their
+    listing.
     """
 
     dbs: Databases
@@ -472,6 +481,8 @@ class _BatchState:
     format_1: cython.bint
     sessions: dict[tuple[str, str, str], _BatchSession]
     shared: dict[bytes, dict[str, bytes]]
+    shared_owners: dict[bytes, tuple[str, tuple[str, str, str]]]
+    seal_state: Any
 
     def __init__(self, dbs: Databases, txn: Any) -> None:
         self.dbs = dbs
@@ -481,6 +492,8 @@ class _BatchState:
         self.format_1 = dbs.format == 1
         self.sessions = {}
         self.shared = {}
+        self.shared_owners = {}
+        self.seal_state = None
 
     @cython.ccall
     def finish(self) -> None:
@@ -488,10 +501,16 @@ class _BatchState:
         dbs: Databases = self.dbs
         txn = self.txn
         sessions = self.sessions
-        _put_entries(self.data, sessions, True)
+        seal = self.seal_state
+        _put_entries(self.data, sessions, True, seal)
         shared_puts: list[tuple[bytes, bytes]] = []
+        owners = self.shared_owners
         for prefix, state in self.shared.items():
-            _add_items(shared_puts, prefix, state.items())
+            if seal is None:
+                _add_items(shared_puts, prefix, state.items())
+            elif state:
+                kind, owner = owners[prefix]
+                _add_items(shared_puts, prefix, seal(kind, owner, list(state.items())))
         if shared_puts:
             txn.cursor(db=dbs.shared).putmulti(shared_puts)
         sessions_db = dbs.sessions
@@ -538,7 +557,7 @@ def _append_part(state: _BatchState, batch: AppendBatch, write: cython.bint) -> 
     for ids in keys:
         found = sessions.get(ids)
         if found is None:
-            found = _batch_session(txn, dbs, state.shared, ids, format_1)
+            found = _batch_session(txn, dbs, state, ids, format_1)
             if found is not None:
                 sessions[ids] = found
         if found is not None:
@@ -617,7 +636,7 @@ def _append_part(state: _BatchState, batch: AppendBatch, write: cython.bint) -> 
         # Out of time order (see in_time_order): the session needs a time index from now on.
         if not session.timed and count != session.removed and timestamp < session.last_time:
             # The index is built from what the transaction holds: write the events so far.
-            _put_entries(data, sessions, False)
+            _put_entries(data, sessions, False, None)
             layout.start_time_index(txn, dbs, session.record)
             session.timed = True
         seq: bytes = _SEQS[count] if count < _SEQ_TABLE else U64.pack(count)
@@ -639,7 +658,7 @@ def _append_part(state: _BatchState, batch: AppendBatch, write: cython.bint) -> 
             last_counts[owner] = count
             last_times[owner] = timestamp
     if write:
-        _put_entries(data, part_sessions, False)
+        _put_entries(data, part_sessions, False, None)
     # Each key's marker after its last event (the marker of SessionRecord, from its parts).
     markers: list[str | None] = [None] * len(keys)
     for index in range(len(keys)):
@@ -658,7 +677,9 @@ def _append_part(state: _BatchState, batch: AppendBatch, write: cython.bint) -> 
 
 
 @cython.cfunc
-def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cython.bint) -> None:
+def _put_entries(
+    data: Any, sessions: dict[Any, _BatchSession], with_state: cython.bint, seal: Any
+) -> None:
     """Write the entries the sessions of a batch hold so far, session by session, and forget them.
 
     Keys start with the session's number, then the kind: events (b"e", by
@@ -666,7 +687,8 @@ def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cyth
     in the order the events came, state (b"s"). Event ids are random:
     sorting a session's index entries first cost more than the pages it
     spared LMDB's search (a batch of rich events took about 10% longer).
-    ``with_state``: the state entries too (the batch's last call).
+    ``with_state``: the state entries too (the batch's last call), each
+    session's items through ``seal`` when it is not None.
     """
     puts: list[tuple[bytes, bytes]] = []
     session: _BatchSession
@@ -674,7 +696,12 @@ def _put_entries(data: Any, sessions: dict[Any, _BatchSession], with_state: cyth
         puts += session.events
         puts += session.index
         if with_state and session.session_state:
-            _add_items(puts, session.number + STATE, session.session_state.items())
+            items: Any = session.session_state.items()
+            if seal is not None:
+                record: SessionRecord = session.record
+                ids = (record.app_name, record.user_id, record.session_id)
+                items = seal("s", ids, list(items))
+            _add_items(puts, session.number + STATE, items)
         session.events = []
         session.index = []
     if puts:
@@ -689,7 +716,7 @@ def _number_of(session: _BatchSession) -> bytes:
 def _batch_session(
     txn: Any,
     dbs: Databases,
-    shared: dict[bytes, dict[str, bytes]],
+    state: _BatchState,
     ids: tuple[str, str, str],
     format_1: cython.bint,
 ) -> Any:
@@ -701,11 +728,13 @@ def _batch_session(
     record = _read_record(txn, dbs, key, app_name, user_id, session_id)
     if record is None:
         return None
-    return _BatchSession(
-        record,
-        key,
-        app,
-        format_1,
-        shared.setdefault(APP + app, {}),
-        shared.setdefault(USER + app + user, {}),
-    )
+    shared = state.shared
+    app_prefix = APP + app
+    user_prefix = USER + app + user
+    if app_prefix not in shared:
+        shared[app_prefix] = {}
+        state.shared_owners[app_prefix] = ("a", ids)
+    if user_prefix not in shared:
+        shared[user_prefix] = {}
+        state.shared_owners[user_prefix] = ("u", ids)
+    return _BatchSession(record, key, app, format_1, shared[app_prefix], shared[user_prefix])
