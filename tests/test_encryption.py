@@ -13,7 +13,9 @@ import gzip
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import quote
 
@@ -656,6 +658,51 @@ def test_state_nonces_draw_a_new_salt_when_the_counter_runs_out() -> None:
     assert [n[:8] == salt.to_bytes(8, "big") for n in nonces] == [True, True, False, False]
     assert [int.from_bytes(n[8:], "big") for n in nonces][:2] == [0xFFFFFFFD, 0xFFFFFFFE]
     assert cipher._counter[0] != salt
+
+
+@pytest.mark.parametrize(
+    "module", ["sessionscope.crypto.envelope", "sessionscope.crypto.envelope_c"]
+)
+def test_each_build_seals_in_one_format_under_counter_nonces(
+    module: str, build_of: Callable[[str], ModuleType]
+) -> None:
+    """Both builds seal under salt-then-counter nonces, with every width of msgpack bin header.
+
+    A cipher's nonces are its 8 random bytes, then a 4-byte count of what it
+    sealed before, big-endian; the sizes cross each bin header's width
+    (8, 16 and 32 bits), and what one build seals the source build opens.
+    """
+    import msgpack
+
+    from sessionscope import codec
+
+    envelope = build_of(module)
+    source = build_of("sessionscope.crypto.envelope")
+    key = bytes(range(32))
+    sealer, opener = envelope.Cipher(5, key), source.Cipher(5, key)
+    overhead = envelope.HEADER + envelope.TAG
+    sizes = [0, 0xFF - overhead, 0x100 - overhead, 0xFFFF - overhead, 0x10000 - overhead]
+    prefix = envelope.place("s", "shop", "ada", "s1")
+    items = [(f"k{index}", bytes([index]) * size) for index, size in enumerate(sizes)]
+    nonces = []
+    for (name, plain), (_, stored) in zip(items, sealer.seal_items(items, prefix), strict=True):
+        whole = msgpack.unpackb(stored)
+        assert len(stored) - len(whole) == (
+            2 if len(whole) < 0x100 else 3 if len(whole) < 0x10000 else 5
+        )
+        assert whole[:5] == sealer.head
+        nonces.append(whole[5 : envelope.HEADER])
+        assert opener.open(whole, prefix + name.encode()) == plain
+    at = envelope.event_place("shop", "ada", "s1")
+    for index, size in enumerate(sizes):
+        record = bytes([index]) * size
+        whole = codec.decode_event(sealer.seal_event(at, f"e{index}", 1.5, record))["sealed"]
+        nonces.append(whole[5 : envelope.HEADER])
+        where = envelope.place("e", "shop", "ada", "s1", f"e{index}", 1.5)
+        assert opener.open(whole, where) == record
+    salt = nonces[0][:8]
+    assert salt != bytes(8) and all(nonce[:8] == salt for nonce in nonces)
+    assert [int.from_bytes(nonce[8:], "big") for nonce in nonces] == list(range(len(nonces)))
 
 
 def test_an_event_sealed_twice_gets_two_nonces_and_both_open() -> None:

@@ -22,6 +22,20 @@ ulonglong = int
 double = float
 Py_ssize_t = int
 p_const_char = bytes
+NULL = None
+
+
+class p_uchar:  # named as Cython names the C type
+    """A pointer to unsigned chars: only compiled code makes and uses one."""
+
+    def __getitem__(self, index: int) -> int:
+        raise TypeError("a C pointer exists in compiled code only")
+
+    def __setitem__(self, index: int, value: int) -> None:
+        raise TypeError("a C pointer exists in compiled code only")
+
+    def __add__(self, offset: int) -> p_uchar:
+        raise TypeError("a C pointer exists in compiled code only")
 
 
 def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
@@ -31,6 +45,11 @@ def declare(kind: Any, value: Any = None, **visibility: Any) -> Any:
 
 def address(value: Any) -> Any:
     """Return ``value``: compiled, a C variable's address (only compiled code calls it)."""
+    return value
+
+
+def cast(kind: Any, value: Any) -> Any:
+    """Return ``value``: compiled, a C cast (only compiled code calls it)."""
     return value
 
 

@@ -39,6 +39,16 @@ else:
     except ImportError:  # a pure install runs without Cython
         from .._speedups import _no_cython as cython
 
+if TYPE_CHECKING:
+    _new_bytes: Any = bytes
+    _bytes_data: Any = bytes
+elif cython.compiled:
+    # A bytes object of a size, written in place before anyone else sees it:
+    # a nonce or a header built in C, where struct.pack parses its format
+    # and its arguments on every call (about 1,000 instructions).
+    from cython.cimports.cpython.bytes import PyBytes_AS_STRING as _bytes_data
+    from cython.cimports.cpython.bytes import PyBytes_FromStringAndSize as _new_bytes
+
 __all__ = [
     "HEADER",
     "OPENED_LIMIT",
@@ -107,9 +117,39 @@ def _bin_head(size: cython.Py_ssize_t) -> bytes:
     if size < 0x100:
         head: bytes = _BIN8[size]
         return head
+    if cython.compiled:
+        width: cython.int = 2 if size < 0x10000 else 4
+        made: bytes = _new_bytes(cython.NULL, 1 + width)
+        raw: cython.p_uchar = cython.cast(cython.p_uchar, _bytes_data(made))
+        raw[0] = 0xC5 if width == 2 else 0xC6
+        _put_big_endian(raw + 1, size, width)
+        return made
     if size < 0x10000:
         return _BIN16.pack(0xC5, size)
     return _BIN32.pack(0xC6, size)
+
+
+@cython.cfunc
+def _counter_nonce(salt: cython.ulonglong, number: cython.ulonglong) -> bytes:
+    """Return the nonce of counter value ``number`` under ``salt``: 8 bytes, then 4, big-endian."""
+    if cython.compiled:
+        made: bytes = _new_bytes(cython.NULL, 12)
+        raw: cython.p_uchar = cython.cast(cython.p_uchar, _bytes_data(made))
+        _put_big_endian(raw, salt, 8)
+        _put_big_endian(raw + 8, number, 4)
+        return made
+    nonce: bytes = _NONCE.pack(salt, number)
+    return nonce
+
+
+@cython.cfunc
+def _put_big_endian(raw: cython.p_uchar, value: cython.ulonglong, width: cython.int) -> cython.int:
+    """Write the low ``width`` bytes of ``value`` at ``raw``, most significant first."""
+    index: cython.int
+    for index in range(width - 1, -1, -1):
+        raw[index] = value & 0xFF
+        value >>= 8
+    return 0
 
 
 # A sealed event as stored is the event record ``{"id", "timestamp", "sealed"}``
@@ -286,7 +326,7 @@ class Cipher:
         sealed = []
         for key, value in items:
             number = next(count)  # atomic: itertools.count holds the GIL's promise
-            nonce = _NONCE.pack(salt, number) if number < _LAST_COUNT else self._nonce()
+            nonce = _counter_nonce(salt, number) if number < _LAST_COUNT else self._nonce()
             where = prefix + key.encode()
             body: bytes = encrypt(nonce, value, where)
             whole: bytes = b"".join((head, nonce, body))
@@ -307,12 +347,12 @@ class Cipher:
             self._counter = counter
         return counter
 
+    @cython.ccall
     def _nonce(self) -> bytes:
         salt, count, _ = self._counting()
         number = next(count)
         if number < _LAST_COUNT:
-            nonce: bytes = _NONCE.pack(salt, number)
-            return nonce
+            return _counter_nonce(salt, number)
         with self._lock:  # the counter ran out: one thread draws a new salt
             if self._counter[1] is count:
                 self._counter = _fresh_counter()
@@ -408,11 +448,16 @@ class _Kept:
     value: Any
     cost: cython.Py_ssize_t
 
-    def __init__(self, sealed: bytes, plain: bytes, value: Any, cost: int) -> None:
-        self.sealed = sealed
-        self.plain = plain
-        self.value = value
-        self.cost = cost
+
+@cython.cfunc
+def _kept(sealed: bytes, plain: bytes, value: Any, cost: cython.Py_ssize_t) -> _Kept:
+    """Return a new ``_Kept``: made without a call of the class (its arguments unparsed)."""
+    kept: _Kept = _Kept.__new__(_Kept)
+    kept.sealed = sealed
+    kept.plain = plain
+    kept.value = value
+    kept.cost = cost
+    return kept
 
 
 @cython.final
@@ -524,7 +569,7 @@ class Opened:
         if size < _TAG:
             return
         cost: cython.Py_ssize_t = size + len(plain) + _ENTRY_COST
-        self._keep(at, sealed[size - _TAG :], _Kept(sealed, plain, MISSING, cost))
+        self._keep(at, sealed[size - _TAG :], _kept(sealed, plain, MISSING, cost))
 
     @cython.ccall
     def value(self, sealed: bytes, prefix: bytes, key: str) -> Any:
@@ -556,7 +601,7 @@ class Opened:
         if value is not MISSING and type(value) not in _IMMUTABLE:
             value = MISSING
         cost: cython.Py_ssize_t = len(sealed) + len(plain) + len(key) + _ENTRY_COST
-        self._keep(prefix, key, _Kept(sealed, plain, value, cost))
+        self._keep(prefix, key, _kept(sealed, plain, value, cost))
 
     @cython.ccall
     def clear(self) -> None:
