@@ -186,6 +186,30 @@ def test_an_lmdb_database_with_plain_keys_is_refused(tmp_path: Path) -> None:
     assert snapshot_dir(path) == before
 
 
+@pytest.mark.parametrize("durability", ["sync", "deferred"])
+def test_an_empty_data_file_left_by_a_cut_short_open_becomes_a_store(
+    tmp_path: Path, durability: str
+) -> None:
+    """An empty data.mdb, what a process killed as LMDB made the file leaves, opens as a new store.
+
+    It holds nothing to lose: refused, it would stop every later open (an
+    import run again, ``verify``) until someone removed it by hand. A data
+    file holding anything else is still refused (the tests around this one).
+    """
+    path = tmp_path / "cut"
+    path.mkdir(mode=0o700)
+    (path / "data.mdb").touch(mode=0o600)
+    (path / "lock.mdb").touch(mode=0o600)
+    done = _stores.run_cli("verify", f"lmdb://{path}")
+    assert done.returncode == 0, done.stderr
+    with SyncSessionService(LmdbStore(path, durability=durability)) as svc:  # type: ignore[arg-type]
+        session = svc.create_session(app_name=APP, user_id="u", session_id="s")
+        svc.append_event(session, _stores.ev(delta={"k": 1}))
+    with SyncSessionService(LmdbStore(path, durability=durability)) as svc:  # type: ignore[arg-type]
+        stored = svc.get_session(app_name=APP, user_id="u", session_id="s")
+        assert stored is not None and stored.state == {"k": 1} and len(stored.events) == 1
+
+
 def test_garbage_data_file_is_refused_and_untouched(tmp_path: Path) -> None:
     """data.mdb holding garbage: IncompatibleStoreError, the file unchanged."""
     path = tmp_path / "garbage"

@@ -98,6 +98,12 @@ def probe(path: Path, verify: bool = False) -> bool:
             header = file.read(20)
     except OSError as error:
         raise open_failure(path, error) from error
+    if not header:
+        # An empty data file: a store whose making was cut short (a process
+        # killed between LMDB's creating the file and its first write). It
+        # holds nothing, and LMDB makes it a new store, as it makes a
+        # missing one; refused, it would stop every later open for nothing.
+        return in_use(path / "lock.mdb")
     if len(header) < 20 or int.from_bytes(header[16:20], "little") != LMDB_MAGIC:
         raise IncompatibleStoreError(
             f"{data} is not an LMDB file", hint="pick an empty or new directory"
