@@ -208,6 +208,12 @@ def test_an_empty_data_file_left_by_a_cut_short_open_becomes_a_store(
     with SyncSessionService(LmdbStore(path, durability=durability)) as svc:  # type: ignore[arg-type]
         stored = svc.get_session(app_name=APP, user_id="u", session_id="s")
         assert stored is not None and stored.state == {"k": 1} and len(stored.events) == 1
+    # Beside files that are not LMDB's, it is no store in the making: refused, untouched.
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (other / "data.mdb").touch(mode=0o600)
+    (other / "notes.txt").write_text("mine")
+    _assert_refused_unchanged(other, snapshot_dir(other))
 
 
 def test_garbage_data_file_is_refused_and_untouched(tmp_path: Path) -> None:

@@ -86,8 +86,11 @@ def probe(path: Path, verify: bool = False) -> bool:
     if not path.exists():
         return False
     data = path / "data.mdb"
-    if not data.exists():
-        if any(entry != "lock.mdb" for entry in os.listdir(path)):
+    # No store yet: no data file, or an empty one (a process killed between
+    # LMDB's creating it and its first write holds nothing). LMDB makes a
+    # store of either, so nothing but LMDB's own files may be there.
+    if not data.exists() or data.stat().st_size == 0:
+        if any(entry not in ("lock.mdb", "data.mdb") for entry in os.listdir(path)):
             raise IncompatibleStoreError(
                 f"{path} is not empty and holds no store",
                 hint="pick an empty or new directory",
@@ -98,12 +101,6 @@ def probe(path: Path, verify: bool = False) -> bool:
             header = file.read(20)
     except OSError as error:
         raise open_failure(path, error) from error
-    if not header:
-        # An empty data file: a store whose making was cut short (a process
-        # killed between LMDB's creating the file and its first write). It
-        # holds nothing, and LMDB makes it a new store, as it makes a
-        # missing one; refused, it would stop every later open for nothing.
-        return in_use(path / "lock.mdb")
     if len(header) < 20 or int.from_bytes(header[16:20], "little") != LMDB_MAGIC:
         raise IncompatibleStoreError(
             f"{data} is not an LMDB file", hint="pick an empty or new directory"
