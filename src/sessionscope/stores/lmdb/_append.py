@@ -333,6 +333,8 @@ class _BatchSession:
     """
 
     record: SessionRecord
+    # (app, user, session id): what ``seal_state`` is told of its maps.
+    ids: tuple[str, str, str]
     number: bytes
     key: bytes
     app: bytes
@@ -360,6 +362,7 @@ class _BatchSession:
     def __init__(
         self,
         record: SessionRecord,
+        ids: tuple[str, str, str],
         key: bytes,
         app: bytes,
         timed: bool,
@@ -367,6 +370,7 @@ class _BatchSession:
         user_state: dict[str, bytes],
     ) -> None:
         self.record = record
+        self.ids = ids
         self.number = U64.pack(record.number)
         self.key = key
         self.app = app
@@ -467,8 +471,8 @@ class _BatchState:
 
     ``sessions`` holds each stored session the batch appends to, by key;
     ``shared`` the app and user maps it sets, by prefix (see
-    ``_BatchSession``), and ``shared_owners`` what ``seal_state`` is told of
-    each: its kind and a session that writes it. ``finish`` writes what
+    ``_BatchSession``), each with what ``seal_state`` is told of it: its
+    kind and the ids of a session that writes it. ``finish`` writes what
     waits until the batch's end: the state entries (through ``seal_state``,
     when the batch's items came unsealed), the session records and their
     listing.
@@ -480,8 +484,7 @@ class _BatchState:
     data: Any
     format_1: cython.bint
     sessions: dict[tuple[str, str, str], _BatchSession]
-    shared: dict[bytes, dict[str, bytes]]
-    shared_owners: dict[bytes, tuple[str, tuple[str, str, str]]]
+    shared: dict[bytes, tuple[str, tuple[str, str, str], dict[str, bytes]]]
     seal_state: Any
 
     def __init__(self, dbs: Databases, txn: Any) -> None:
@@ -492,7 +495,6 @@ class _BatchState:
         self.format_1 = dbs.format == 1
         self.sessions = {}
         self.shared = {}
-        self.shared_owners = {}
         self.seal_state = None
 
     @cython.ccall
@@ -504,13 +506,9 @@ class _BatchState:
         seal = self.seal_state
         _put_entries(self.data, sessions, True, seal)
         shared_puts: list[tuple[bytes, bytes]] = []
-        owners = self.shared_owners
-        for prefix, state in self.shared.items():
-            if seal is None:
-                _add_items(shared_puts, prefix, state.items())
-            elif state:
-                kind, owner = owners[prefix]
-                _add_items(shared_puts, prefix, seal(kind, owner, list(state.items())))
+        for prefix, (kind, owner, state) in self.shared.items():
+            if state:
+                _add_items(shared_puts, prefix, _items_written(seal, kind, owner, state))
         if shared_puts:
             txn.cursor(db=dbs.shared).putmulti(shared_puts)
         sessions_db = dbs.sessions
@@ -696,16 +694,22 @@ def _put_entries(
         puts += session.events
         puts += session.index
         if with_state and session.session_state:
-            items: Any = session.session_state.items()
-            if seal is not None:
-                record: SessionRecord = session.record
-                ids = (record.app_name, record.user_id, record.session_id)
-                items = seal("s", ids, list(items))
+            items = _items_written(seal, "s", session.ids, session.session_state)
             _add_items(puts, session.number + STATE, items)
         session.events = []
         session.index = []
     if puts:
         data.putmulti(puts)
+
+
+@cython.cfunc
+def _items_written(
+    seal: Any, kind: str, owner: tuple[str, str, str], state: dict[str, bytes]
+) -> Any:
+    """Return a map's items as the batch writes them: as they are, or through ``seal``."""
+    if seal is None:
+        return state.items()
+    return seal(kind, owner, list(state.items()))
 
 
 def _number_of(session: _BatchSession) -> bytes:
@@ -729,12 +733,6 @@ def _batch_session(
     if record is None:
         return None
     shared = state.shared
-    app_prefix = APP + app
-    user_prefix = USER + app + user
-    if app_prefix not in shared:
-        shared[app_prefix] = {}
-        state.shared_owners[app_prefix] = ("a", ids)
-    if user_prefix not in shared:
-        shared[user_prefix] = {}
-        state.shared_owners[user_prefix] = ("u", ids)
-    return _BatchSession(record, key, app, format_1, shared[app_prefix], shared[user_prefix])
+    app_map = shared.setdefault(APP + app, ("a", ids, {}))[2]
+    user_map = shared.setdefault(USER + app + user, ("u", ids, {}))[2]
+    return _BatchSession(record, ids, key, app, format_1, app_map, user_map)
