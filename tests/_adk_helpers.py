@@ -132,6 +132,18 @@ def types_confirmation(cls: Any) -> Any:
     return cls(hint="really?", confirmed=False, payload={"amount": 3})
 
 
+def dumped_record(event: Event) -> dict[str, Any]:
+    """Return an event's record as pydantic dumps it: by alias, no None, auth configs as JSON."""
+    record = event.model_dump(by_alias=True, exclude_none=True)
+    configs = event.actions.requested_auth_configs
+    if configs:
+        record["actions"]["requestedAuthConfigs"] = {
+            key: value.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for key, value in configs.items()
+        }
+    return record
+
+
 def realistic_event(i: int, **overrides: Any) -> Event:
     """Return a model event: a few hundred chars of text, a function call, a small delta."""
     fields: dict[str, Any] = {

@@ -27,7 +27,7 @@ from google.adk.sessions.base_session_service import (
 )
 from google.genai import types
 
-from _adk_helpers import APP, realistic_event, rich_event
+from _adk_helpers import APP, dumped_record, realistic_event, rich_event
 from sessionscope import codec, errors
 from sessionscope.adk import LmdbSessionService, MemorySessionService, RedisSessionService
 from sessionscope.adk import codec as _adk_codec
@@ -161,23 +161,11 @@ DELTA_EVENTS: dict[str, Callable[[], Event]] = {
 }
 
 
-def _dumped(event: Event) -> dict[str, Any]:
-    """Return an event's record as pydantic dumps it: by alias, no None, auth configs as JSON."""
-    record = event.model_dump(by_alias=True, exclude_none=True)
-    configs = event.actions.requested_auth_configs
-    if configs:
-        record["actions"]["requestedAuthConfigs"] = {
-            key: value.model_dump(mode="json", by_alias=True, exclude_none=True)
-            for key, value in configs.items()
-        }
-    return record
-
-
 @pytest.mark.parametrize("name", sorted({**FIELD_EVENTS, **DELTA_EVENTS}))
 def test_record_bytes_are_msgpack_of_the_dump(name: str) -> None:
     """The stored bytes are the codec's of pydantic's dump, whichever path packs them."""
     event = {**FIELD_EVENTS, **DELTA_EVENTS}[name]()
-    expected = codec.encode_event(_dumped(event))
+    expected = codec.encode_event(dumped_record(event))
     assert _adk_codec.encode_event(event) == expected
     (back,) = _adk_codec.decode_events([expected])
     assert back == Event.model_validate(codec.decode_event(expected))
@@ -190,7 +178,7 @@ def test_record_bytes_of_the_agent_mix_are_msgpack_of_the_dump() -> None:
     work = Workload.of(mix_spec(8, seed=3))
     for _, record, _ in work.appends:
         event = Event.model_validate(record)
-        assert _adk_codec.encode_event(event) == codec.encode_event(_dumped(event))
+        assert _adk_codec.encode_event(event) == codec.encode_event(dumped_record(event))
 
 
 def test_every_field_round_trips_through_a_store(make_service: Callable[[], Any]) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "last_values",
     "merge_scopes",
     "pack_event",
+    "pack_model",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -133,6 +134,7 @@ apply_delta = _impl.apply_delta
 check_storable = _impl.check_storable
 check_delta = _impl.check_delta
 pack_event = _impl.pack_event
+pack_model = _impl.pack_model
 pack_plain = _impl.pack_plain
 sized_key = _impl.sized_key
 last_values = _impl.last_values

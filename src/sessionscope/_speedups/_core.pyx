@@ -47,7 +47,7 @@ from cpython.unicode cimport (
 )
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memmove
 
 
 cdef extern from "Python.h":
@@ -98,6 +98,7 @@ __all__ = [
     "last_values",
     "merge_scopes",
     "pack_event",
+    "pack_model",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -703,8 +704,12 @@ cdef int _put_str(_Buffer* buf, object text) except -1:
     return 1
 
 
-cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
-    """Pack a plain value (see pack_plain); 0, with the buffer in any state, for another."""
+cdef int _put_value(_Buffer* buf, object value, int depth, dict plans) except -1:
+    """Pack a plain value (see pack_plain); 0, with the buffer in any state, for another.
+
+    With ``plans`` (see pack_model), also a str subclass, as its text, and a
+    model of a planned class, at any place a value may be.
+    """
     cdef double number
     cdef uint64_t bits
     cdef Py_ssize_t pos = 0
@@ -731,6 +736,9 @@ cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
         if not _put_sized(buf, size, 0, 0, 0xC4, 0xC5, 0xC6):
             return 0
         return _put_raw(buf, PyBytes_AS_STRING(value), size) + 1
+    if plans is not None and PyUnicode_Check(value):
+        # A str enum member packs as its text, as msgpack packs a str subclass.
+        return _put_str(buf, value)
     if depth >= _PLAIN_DEPTH:
         return 0
     if PyDict_CheckExact(value):
@@ -739,7 +747,7 @@ cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
         while PyDict_Next(value, &pos, &k, &v):
             if not PyUnicode_CheckExact(<object>k) or not _put_str(buf, <object>k):
                 return 0
-            if not _put_plain(buf, <object>v, depth + 1):
+            if not _put_value(buf, <object>v, depth + 1, plans):
                 return 0
         return 1
     if PyList_CheckExact(value):
@@ -748,10 +756,20 @@ cdef int _put_plain(_Buffer* buf, object value, int depth) except -1:
             return 0
         # The list cannot change meanwhile: packing calls no Python code.
         for index in range(size):
-            if not _put_plain(buf, <object>PyList_GET_ITEM(value, index), depth + 1):
+            if not _put_value(buf, <object>PyList_GET_ITEM(value, index), depth + 1, plans):
                 return 0
         return 1
-    return 0
+    if plans is None:
+        return 0
+    plan = plans.get(type(value))
+    if plan is None:
+        return 0
+    return _put_model(buf, value, <tuple>plan, depth, plans)
+
+
+cdef inline int _put_plain(_Buffer* buf, object value, int depth) except -1:
+    """Pack a plain value (see pack_plain); 0, with the buffer in any state, for another."""
+    return _put_value(buf, value, depth, None)
 
 
 # One buffer for every call, grown as needed: packing runs under the GIL and
@@ -958,6 +976,102 @@ def pack_event(event, fields, action_fields, prefix=b""):
     try:
         _start(buf, prefix)
         if not _put_event(buf, event, fields, action_fields):
+            return None
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        _give_back(buf)
+
+
+# -- packing a model's dump -------------------------------------------------------------
+#
+# pack_model writes the map a model dump would be (its set fields under their
+# serialization names, nested models as maps), straight from the models'
+# field values, where pack_plain(dump) would wait for the dump to be built.
+# Which classes it walks, and how each field packs, is the caller's plan: a
+# class it has no plan for gives None, and the caller dumps the model itself.
+
+# How a planned field packs when it is set, besides as it is (0): mirrors
+# _MODEL_* of the twin.
+cdef int _MODEL_SORTED = 1
+cdef int _MODEL_REFUSED = 2
+
+
+cdef int _put_model(_Buffer* buf, object model, tuple plan, int depth, dict plans) except -1:
+    """Pack a model's set fields as a map, by ``plan``; 0 for a value the plan does not pack."""
+    cdef Py_ssize_t head = buf.size
+    cdef Py_ssize_t body
+    cdef int count = 0
+    cdef int how
+    # The values of a model's fields, read from the instance's own dict; a
+    # class that keeps them elsewhere gives None (the caller dumps it).
+    fields = getattr(model, "__dict__", None)
+    if not PyDict_CheckExact(fields):
+        return 0
+    # Room for a map16 header: the number of set fields is known at the end.
+    _reserve(buf, 3)
+    buf.size += 3
+    body = buf.size
+    for entry in plan:
+        name, alias, how = <tuple>entry
+        value = (<dict>fields).get(name, _ABSENT)
+        if value is _ABSENT:
+            return 0
+        if value is None:
+            continue
+        if how == _MODEL_REFUSED:
+            return 0
+        if how == _MODEL_SORTED:
+            if not (type(value) is set or type(value) is frozenset):
+                return 0
+            for item in value:
+                # Only exact str items: comparing them while sorting runs no Python code.
+                if not PyUnicode_CheckExact(item):
+                    return 0
+            value = sorted(value)
+        if not _put_str(buf, alias) or not _put_value(buf, value, depth + 1, plans):
+            return 0
+        count += 1
+    if count < 16:
+        # A fixmap, as msgpack writes a small map: the body moves up two bytes.
+        buf.data[head] = <char>(0x80 | count)
+        memmove(buf.data + head + 1, buf.data + body, buf.size - body)
+        buf.size -= 2
+    else:
+        buf.data[head] = <char>0xDE
+        _big_endian(buf.data + head + 1, <uint64_t>count, 2)
+    return 1
+
+
+cdef object _ABSENT = object()
+
+
+def pack_model(model, plans, prefix=b""):
+    """Return ``prefix`` and the msgpack bytes of a model's dump, or None: the caller dumps it.
+
+    ``plans`` maps each model class to walk to its fields, in order, as
+    ``(name, serialization name, how)``: ``how`` 0 packs a set value as it
+    is, 1 packs a set of str as a sorted list, 2 gives None when the field
+    is set. A field whose value is None is left out, as ``exclude_none``
+    leaves it out. Values are plain (see ``pack_plain``; a str subclass packs
+    as its text), models of a planned class, and dicts and lists of them.
+    None for any other value, a model of a class without a plan, and a model
+    whose fields are not in its instance dict.
+    """
+    cdef _Buffer own
+    cdef _Buffer* buf
+    if not PyBytes_CheckExact(prefix):
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if not PyDict_CheckExact(plans):
+        raise TypeError(f"plans must be a dict, not {type(plans).__name__}")
+    plan = (<dict>plans).get(type(model))
+    if plan is None:
+        return None
+    # Reading an instance's dict can run Python code: a call made meanwhile
+    # takes a buffer of its own.
+    buf = _take_buffer(&own)
+    try:
+        _start(buf, prefix)
+        if not _put_model(buf, model, <tuple>plan, 0, <dict>plans):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:

@@ -36,6 +36,7 @@ __all__ = [
     "last_values",
     "merge_scopes",
     "pack_event",
+    "pack_model",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
@@ -416,6 +417,84 @@ def _add_map(record: dict[str, Any], name: str, value: object) -> bool:
         return False
     record[name] = value
     return True
+
+
+# -- packing a model's dump -------------------------------------------------------------
+
+# How a planned field packs when it is set (see pack_model).
+_MODEL_VALUE: Final = 0
+_MODEL_SORTED: Final = 1
+_MODEL_REFUSED: Final = 2
+
+
+class _NotPacked(Exception):
+    """A value pack_model does not pack: the caller dumps the model itself."""
+
+
+def pack_model(model: Any, plans: dict[type, Any], prefix: bytes = b"") -> bytes | None:
+    """Return ``prefix`` and the msgpack bytes of a model's dump, or None: the caller dumps it.
+
+    ``plans`` maps each model class to walk to its fields, in order, as
+    ``(name, serialization name, how)``: ``how`` 0 packs a set value as it
+    is, 1 packs a set of str as a sorted list, 2 gives None when the field
+    is set. A field whose value is None is left out, as ``exclude_none``
+    leaves it out. Values are plain (see ``pack_plain``; a str subclass packs
+    as its text), models of a planned class, and dicts and lists of them.
+    None for any other value, a model of a class without a plan, and a model
+    whose fields are not in its instance dict. The compiled core packs the
+    map without building it.
+    """
+    if type(prefix) is not bytes:
+        raise TypeError(f"prefix must be bytes, not {type(prefix).__name__}")
+    if type(plans) is not dict:
+        raise TypeError(f"plans must be a dict, not {type(plans).__name__}")
+    plan = plans.get(type(model))
+    if plan is None:
+        return None
+    try:
+        record = _model_dump(model, plan, plans, 0)
+    except _NotPacked:
+        return None
+    return pack_plain(record, prefix)
+
+
+def _model_dump(model: Any, plan: Any, plans: dict[type, Any], depth: int) -> dict[str, Any]:
+    fields = getattr(model, "__dict__", None)
+    if type(fields) is not dict:
+        raise _NotPacked
+    dump: dict[str, Any] = {}
+    for name, alias, how in plan:
+        if name not in fields:
+            raise _NotPacked
+        value = fields[name]
+        if value is None:
+            continue
+        if how == _MODEL_REFUSED:
+            raise _NotPacked
+        if how == _MODEL_SORTED:
+            if type(value) not in (set, frozenset) or any(type(item) is not str for item in value):
+                raise _NotPacked
+            value = sorted(value)
+        dump[alias] = _model_value(value, plans, depth + 1)
+    return dump
+
+
+def _model_value(value: Any, plans: dict[type, Any], depth: int) -> Any:
+    if isinstance(value, str):
+        # A str enum member packs as its text, as msgpack packs a str subclass.
+        return str.__str__(value)
+    cls = type(value)
+    if depth >= _PLAIN_DEPTH and (cls is dict or cls is list or cls in plans):
+        raise _NotPacked  # deeper than pack_plain packs
+    if cls is dict:
+        return {key: _model_value(item, plans, depth + 1) for key, item in value.items()}
+    if cls is list:
+        return [_model_value(item, plans, depth + 1) for item in value]
+    plan = plans.get(cls)
+    if plan is not None:
+        return _model_dump(value, plan, plans, depth)
+    # Left for pack_plain to judge: a value that is not plain makes it give None.
+    return value
 
 
 # -- store key and value bytes --------------------------------------------------------
