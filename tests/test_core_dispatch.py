@@ -30,11 +30,13 @@ EXPORTED = [
     "last_values",
     "merge_scopes",
     "pack_event",
+    "pack_model",
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
     "scope_of",
     "sized_key",
+    "sortable_time",
     "timed_record",
     "trim_temp_keys",
 ]

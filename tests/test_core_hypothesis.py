@@ -439,6 +439,35 @@ def test_timed_record_agrees_and_puts_the_time_first(timestamp: Any, record: Any
 @needs_compiled
 @SETTINGS
 @given(
+    st.one_of(st.floats(), st.integers(-(2**64), 2**64), st.booleans(), st.none(), st.text()),
+    st.floats(allow_nan=False),
+)
+def test_sortable_time_agrees_and_sorts_as_the_floats(timestamp: Any, other: float) -> None:
+    """Both builds give the same 8 bytes, or the same error; bytes sort as the numbers do."""
+    kind, key = _agree("sortable_time", timestamp)
+    if kind != "ok":
+        assert not isinstance(timestamp, int | float)
+        return
+    assert len(key) == 8
+    number = timestamp + 0.0
+    if number == number:  # not NaN
+        other_key = _core_py.sortable_time(other)
+        assert (key < other_key) == (number < other) and (key == other_key) == (number == other)
+
+
+def test_sortable_time_keeps_the_zeros_and_the_extremes_in_order(core_impl: ModuleType) -> None:
+    ordered = [float("-inf"), -1e308, -1.0, -5e-324, 0.0, 5e-324, 1.0, 1767225600.5, float("inf")]
+    keys = [core_impl.sortable_time(number) for number in ordered]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert core_impl.sortable_time(-0.0) == core_impl.sortable_time(0.0) == b"\x80" + bytes(7)
+    assert core_impl.sortable_time(2) == core_impl.sortable_time(2.0)
+    with pytest.raises(OverflowError):
+        core_impl.sortable_time(10**400)
+
+
+@needs_compiled
+@SETTINGS
+@given(
     st.binary(max_size=12),
     st.one_of(st.text(max_size=160), st.just("é" * 80), st.just("lone \ud800"), st.builds(_Text)),
     st.sampled_from([0, 3, 150, 65535]),

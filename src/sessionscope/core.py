@@ -46,6 +46,7 @@ __all__ = [
     "partition_checked",
     "scope_of",
     "sized_key",
+    "sortable_time",
     "timed_record",
     "trim_temp_keys",
 ]
@@ -137,5 +138,6 @@ pack_event = _impl.pack_event
 pack_model = _impl.pack_model
 pack_plain = _impl.pack_plain
 sized_key = _impl.sized_key
+sortable_time = _impl.sortable_time
 last_values = _impl.last_values
 timed_record = _impl.timed_record

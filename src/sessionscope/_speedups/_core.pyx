@@ -104,6 +104,7 @@ __all__ = [
     "partition_checked",
     "scope_of",
     "sized_key",
+    "sortable_time",
     "timed_record",
     "trim_temp_keys",
 ]
@@ -1082,6 +1083,26 @@ def pack_model(model, plans, prefix=b""):
 #
 # Two byte strings the LMDB store makes for every event of a batch, each in
 # one allocation, where Python would make each piece and then join them.
+
+
+def sortable_time(timestamp):
+    """Return 8 bytes that sort as the float ``timestamp`` does, negatives included.
+
+    The IEEE bits, big-endian, with the sign bit set for a positive number
+    and every bit flipped for a negative one. -0.0 gives the bytes of 0.0:
+    the two zeros compare equal, so they must sort equal.
+    """
+    # As the twin's timestamp + 0.0: a number, or TypeError (OverflowError for a huge int).
+    cdef double number = timestamp + 0.0
+    cdef uint64_t bits
+    memcpy(&bits, &number, 8)
+    if bits >> 63:
+        bits = ~bits
+    else:
+        bits |= (<uint64_t>1) << 63
+    out = PyBytes_FromStringAndSize(NULL, 8)
+    _big_endian(PyBytes_AS_STRING(out), bits, 8)
+    return out
 
 
 def timed_record(timestamp, record):

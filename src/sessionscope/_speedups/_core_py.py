@@ -42,6 +42,7 @@ __all__ = [
     "partition_checked",
     "scope_of",
     "sized_key",
+    "sortable_time",
     "timed_record",
     "trim_temp_keys",
 ]
@@ -500,6 +501,22 @@ def _model_value(value: Any, plans: dict[type, Any], depth: int) -> Any:
 # -- store key and value bytes --------------------------------------------------------
 
 _F64: Final = struct.Struct(">d")
+
+
+_U64: Final = struct.Struct(">Q")
+
+
+def sortable_time(timestamp: float) -> bytes:
+    """Return 8 bytes that sort as the float ``timestamp`` does, negatives included.
+
+    The IEEE bits, big-endian, with the sign bit set for a positive number
+    and every bit flipped for a negative one. -0.0 gives the bytes of 0.0:
+    the two zeros compare equal, so they must sort equal.
+    """
+    (bits,) = _U64.unpack(_F64.pack(timestamp + 0.0))
+    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
+    result: bytes = _U64.pack(bits)
+    return result
 
 
 def timed_record(timestamp: float, record: bytes) -> bytes:

@@ -42,7 +42,7 @@ from struct import Struct
 from typing import Any
 
 from ...codec import decode_stored, pack, unpack
-from ...core import sized_key, timed_record
+from ...core import sized_key, sortable_time, timed_record
 from ...errors import CorruptStoreError, StoreError
 from ..records import Items, LoadedSession, SessionRecord
 
@@ -190,15 +190,6 @@ part: Callable[[str], bytes] = lru_cache(maxsize=4096)(unique_part)
 def session_key(app_name: str, user_id: str, session_id: str) -> bytes:
     """Return the key of a session's record."""
     return part(app_name) + part(user_id) + part(session_id)
-
-
-def sortable_time(timestamp: float) -> bytes:
-    """Return 8 bytes that sort as the float does (negatives included)."""
-    # -0.0 + 0.0 is 0.0: the two zeros compare equal, so they must sort equal.
-    (bits,) = U64.unpack(F64.pack(timestamp + 0.0))
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
-    result: bytes = U64.pack(bits)
-    return result
 
 
 def after(prefix: bytes) -> bytes | None:
