@@ -79,7 +79,7 @@ _VALUE, _SORTED, _REFUSED = 0, 1, 2
 # by what each does to a plain value: the event's long-running tool ids
 # become a sorted list; the wrap serializers of the state maps hand a plain
 # map to pydantic's own serialization, which keeps it as it is.
-# tests/test_adk_codec.py holds each to the dump, so a change in ADK shows.
+# tests/test_adk_model_packing.py holds each to the dump, so a change in ADK shows.
 _KNOWN_SERIALIZERS: dict[tuple[type, str], int] = {
     (Event, "long_running_tool_ids"): _SORTED,
     (EventActions, "state_delta"): _VALUE,
