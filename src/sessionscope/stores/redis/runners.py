@@ -149,6 +149,11 @@ class _LoggedBackoff(ExponentialBackoff):
         return super().compute(failures)
 
 
+def _lost_connection(reply: Any) -> bool:
+    """Tell whether a pipeline's reply is the error of a connection lost on its way."""
+    return isinstance(reply, redis.exceptions.ConnectionError)
+
+
 def _log_retry(where: str) -> None:
     _log.info("lost the connection to the Redis server at %s: retrying", where)
 
@@ -279,7 +284,7 @@ class _AsyncRunner:
 
     async def _send_again_once(self, commands: list[Command]) -> list[Any]:
         try:
-            return await self._send(commands)
+            replies = await self._send(commands)
         except redis.exceptions.ConnectionError:
             if not self.cluster:
                 raise
@@ -290,6 +295,14 @@ class _AsyncRunner:
             # Every command a plan sends is idempotent.
             _log_retry(self.where)
             return await self._send(commands)
+        if self.cluster and any(_lost_connection(reply) for reply in replies):
+            # Asked not to raise (so that a missing library comes back as a
+            # reply), redis-py's asyncio cluster pipeline answers the commands
+            # of a node whose connection closed while their replies were read
+            # with that error, where raising it would have retried them.
+            _log_retry(self.where)
+            return await self._send(commands)
+        return replies
 
     async def _send(self, commands: list[Command]) -> list[Any]:
         if len(commands) == 1:
