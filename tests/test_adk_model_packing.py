@@ -257,7 +257,36 @@ class _Holder(BaseModel):
 
 
 def test_bad_arguments_are_type_errors(core_impl: ModuleType) -> None:
+    """The same TypeError from both builds, for the model itself or one nested in it."""
     with pytest.raises(TypeError, match="prefix must be bytes"):
         core_impl.pack_model(_Leaf(), {_Leaf: ()}, "x")
     with pytest.raises(TypeError, match="plans must be a dict"):
         core_impl.pack_model(_Leaf(), [(_Leaf, ())])
+    good = (("text", "text", 0),)
+    for plan in (
+        [("text", "text", 0)],  # a list, not a tuple
+        (["text", "text", 0],),
+        (("text", "text"),),
+        (("text", b"text", 0),),  # a serialization name that is not str
+        (("text", "text", 1.0),),
+        (("text", "text", 3),),
+        (("text", "text", 2**70),),
+    ):
+        with pytest.raises(TypeError, match="plans must map classes to tuples"):
+            core_impl.pack_model(_Leaf(text="t"), {_Leaf: plan})
+        with pytest.raises(TypeError, match="plans must map classes to tuples"):
+            nested = {_Holder: (("value", "v", 0),), _Leaf: plan}
+            core_impl.pack_model(_Holder(value=_Leaf()), nested)
+    assert core_impl.pack_model(_Leaf(text="t"), {_Leaf: good}) == codec.pack({"text": "t"})
+
+
+def test_a_map_of_more_than_a_map16_gives_way(core_impl: ModuleType) -> None:
+    """A plan of more set fields than a map16 counts gives None on both builds."""
+    many = {f"f{n}": n for n in range(0x10000)}
+    holder = _Holder()
+    vars(holder).update(many)
+    plan = tuple((name, name, 0) for name in many)
+    assert core_impl.pack_model(holder, {_Holder: plan}) is None
+    assert core_impl.pack_model(holder, {_Holder: plan[:0xFFFF]}) == codec.pack(
+        dict(list(many.items())[:0xFFFF])
+    )

@@ -765,7 +765,7 @@ cdef int _put_value(_Buffer* buf, object value, int depth, dict plans) except -1
     plan = plans.get(type(value))
     if plan is None:
         return 0
-    return _put_model(buf, value, <tuple>plan, depth, plans)
+    return _put_model(buf, value, plan, depth, plans)
 
 
 cdef inline int _put_plain(_Buffer* buf, object value, int depth) except -1:
@@ -997,12 +997,21 @@ cdef int _MODEL_SORTED = 1
 cdef int _MODEL_REFUSED = 2
 
 
-cdef int _put_model(_Buffer* buf, object model, tuple plan, int depth, dict plans) except -1:
+cdef str _BAD_PLAN = (
+    "plans must map classes to tuples of (name, serialization name, how) tuples, how 0 to 2"
+)
+# A map16 header counts this many entries at most.
+cdef int _MAP16_MAX = 0xFFFF
+
+
+cdef int _put_model(_Buffer* buf, object model, object plan, int depth, dict plans) except -1:
     """Pack a model's set fields as a map, by ``plan``; 0 for a value the plan does not pack."""
     cdef Py_ssize_t head = buf.size
     cdef Py_ssize_t body
     cdef int count = 0
-    cdef int how
+    cdef long how
+    if not PyTuple_CheckExact(plan):
+        raise TypeError(_BAD_PLAN)
     # The values of a model's fields, read from the instance's own dict; a
     # class that keeps them elsewhere gives None (the caller dumps it).
     fields = getattr(model, "__dict__", None)
@@ -1012,8 +1021,13 @@ cdef int _put_model(_Buffer* buf, object model, tuple plan, int depth, dict plan
     _reserve(buf, 3)
     buf.size += 3
     body = buf.size
-    for entry in plan:
-        name, alias, how = <tuple>entry
+    for entry in <tuple>plan:
+        if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 3:
+            raise TypeError(_BAD_PLAN)
+        name, alias, code = <tuple>entry
+        if not PyUnicode_CheckExact(alias) or not PyLong_CheckExact(code) or not 0 <= code <= 2:
+            raise TypeError(_BAD_PLAN)
+        how = code
         value = (<dict>fields).get(name, _ABSENT)
         if value is _ABSENT:
             return 0
@@ -1032,6 +1046,8 @@ cdef int _put_model(_Buffer* buf, object model, tuple plan, int depth, dict plan
         if not _put_str(buf, alias) or not _put_value(buf, value, depth + 1, plans):
             return 0
         count += 1
+    if count > _MAP16_MAX:
+        return 0
     if count < 16:
         # A fixmap, as msgpack writes a small map: the body moves up two bytes.
         buf.data[head] = <char>(0x80 | count)
@@ -1072,7 +1088,7 @@ def pack_model(model, plans, prefix=b""):
     buf = _take_buffer(&own)
     try:
         _start(buf, prefix)
-        if not _put_model(buf, model, <tuple>plan, 0, <dict>plans):
+        if not _put_model(buf, model, plan, 0, <dict>plans):
             return None
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:

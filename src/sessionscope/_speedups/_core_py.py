@@ -428,6 +428,13 @@ _MODEL_SORTED: Final = 1
 _MODEL_REFUSED: Final = 2
 
 
+_BAD_PLAN: Final = (
+    "plans must map classes to tuples of (name, serialization name, how) tuples, how 0 to 2"
+)
+# A map16 header counts this many entries at most.
+_MAP16_MAX: Final = 0xFFFF
+
+
 class _NotPacked(Exception):
     """A value pack_model does not pack: the caller dumps the model itself."""
 
@@ -460,11 +467,18 @@ def pack_model(model: Any, plans: dict[type, Any], prefix: bytes = b"") -> bytes
 
 
 def _model_dump(model: Any, plan: Any, plans: dict[type, Any], depth: int) -> dict[str, Any]:
+    if type(plan) is not tuple:
+        raise TypeError(_BAD_PLAN)
     fields = getattr(model, "__dict__", None)
     if type(fields) is not dict:
         raise _NotPacked
     dump: dict[str, Any] = {}
-    for name, alias, how in plan:
+    for entry in plan:
+        if type(entry) is not tuple or len(entry) != 3:
+            raise TypeError(_BAD_PLAN)
+        name, alias, how = entry
+        if type(alias) is not str or type(how) is not int or not 0 <= how <= 2:
+            raise TypeError(_BAD_PLAN)
         if name not in fields:
             raise _NotPacked
         value = fields[name]
@@ -477,6 +491,8 @@ def _model_dump(model: Any, plan: Any, plans: dict[type, Any], depth: int) -> di
                 raise _NotPacked
             value = sorted(value)
         dump[alias] = _model_value(value, plans, depth + 1)
+    if len(dump) > _MAP16_MAX:
+        raise _NotPacked
     return dump
 
 
