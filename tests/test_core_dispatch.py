@@ -17,6 +17,9 @@ from _children import python_output, run_python
 # implementation and not the other, or not here, fails.
 EXPORTED = [
     "APP_PREFIX",
+    "FIELD_AS_IS",
+    "FIELD_REFUSED",
+    "FIELD_SORTED",
     "KEY_PREFIX_APP",
     "KEY_PREFIX_TEMP",
     "KEY_PREFIX_USER",

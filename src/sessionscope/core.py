@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Literal
 
 __all__ = [
     "APP_PREFIX",
+    "FIELD_AS_IS",
+    "FIELD_REFUSED",
+    "FIELD_SORTED",
     "IMPLEMENTATION",
     "IMPLEMENTATIONS",
     "KEY_PREFIX_APP",
@@ -125,6 +128,9 @@ KEY_PREFIX_APP = _impl.KEY_PREFIX_APP
 KEY_PREFIX_USER = _impl.KEY_PREFIX_USER
 KEY_PREFIX_TEMP = _impl.KEY_PREFIX_TEMP
 MAX_DEPTH = _impl.MAX_DEPTH
+FIELD_AS_IS = _impl.FIELD_AS_IS
+FIELD_SORTED = _impl.FIELD_SORTED
+FIELD_REFUSED = _impl.FIELD_REFUSED
 Scope = _impl.Scope
 scope_of = _impl.scope_of
 partition_by_scope = _impl.partition_by_scope

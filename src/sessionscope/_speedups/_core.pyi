@@ -4,6 +4,9 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from sessionscope._speedups._core_py import APP_PREFIX as APP_PREFIX
+from sessionscope._speedups._core_py import FIELD_AS_IS as FIELD_AS_IS
+from sessionscope._speedups._core_py import FIELD_REFUSED as FIELD_REFUSED
+from sessionscope._speedups._core_py import FIELD_SORTED as FIELD_SORTED
 from sessionscope._speedups._core_py import KEY_PREFIX_APP as KEY_PREFIX_APP
 from sessionscope._speedups._core_py import KEY_PREFIX_TEMP as KEY_PREFIX_TEMP
 from sessionscope._speedups._core_py import KEY_PREFIX_USER as KEY_PREFIX_USER
@@ -14,6 +17,9 @@ from sessionscope._speedups._core_py import Scope as Scope
 
 __all__ = [
     "APP_PREFIX",
+    "FIELD_AS_IS",
+    "FIELD_REFUSED",
+    "FIELD_SORTED",
     "KEY_PREFIX_APP",
     "KEY_PREFIX_TEMP",
     "KEY_PREFIX_USER",

@@ -73,6 +73,9 @@ import msgpack
 
 from sessionscope._speedups._core_py import (
     APP_PREFIX,
+    FIELD_AS_IS,
+    FIELD_REFUSED,
+    FIELD_SORTED,
     KEY_PREFIX_APP,
     KEY_PREFIX_TEMP,
     KEY_PREFIX_USER,
@@ -85,6 +88,9 @@ from sessionscope.errors import StateValueError
 
 __all__ = [
     "APP_PREFIX",
+    "FIELD_AS_IS",
+    "FIELD_REFUSED",
+    "FIELD_SORTED",
     "KEY_PREFIX_APP",
     "KEY_PREFIX_TEMP",
     "KEY_PREFIX_USER",
@@ -991,10 +997,10 @@ def pack_event(event, fields, action_fields, prefix=b""):
 # Which classes it walks, and how each field packs, is the caller's plan: a
 # class it has no plan for gives None, and the caller dumps the model itself.
 
-# How a planned field packs when it is set, besides as it is (0): mirrors
-# _MODEL_* of the twin.
-cdef int _MODEL_SORTED = 1
-cdef int _MODEL_REFUSED = 2
+# How a planned field packs when it is set, besides as it is (FIELD_AS_IS):
+# the twin's codes, as C ints.
+cdef long _FIELD_SORTED = FIELD_SORTED
+cdef long _FIELD_REFUSED = FIELD_REFUSED
 
 
 cdef str _BAD_PLAN = (
@@ -1025,7 +1031,9 @@ cdef int _put_model(_Buffer* buf, object model, object plan, int depth, dict pla
         if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 3:
             raise TypeError(_BAD_PLAN)
         name, alias, code = <tuple>entry
-        if not PyUnicode_CheckExact(alias) or not PyLong_CheckExact(code) or not 0 <= code <= 2:
+        if not PyUnicode_CheckExact(alias) or not PyLong_CheckExact(code):
+            raise TypeError(_BAD_PLAN)
+        if not FIELD_AS_IS <= code <= FIELD_REFUSED:
             raise TypeError(_BAD_PLAN)
         how = code
         value = (<dict>fields).get(name, _ABSENT)
@@ -1033,9 +1041,9 @@ cdef int _put_model(_Buffer* buf, object model, object plan, int depth, dict pla
             return 0
         if value is None:
             continue
-        if how == _MODEL_REFUSED:
+        if how == _FIELD_REFUSED:
             return 0
-        if how == _MODEL_SORTED:
+        if how == _FIELD_SORTED:
             if not (type(value) is set or type(value) is frozenset):
                 return 0
             for item in value:
@@ -1066,11 +1074,12 @@ def pack_model(model, plans, prefix=b""):
     """Return ``prefix`` and the msgpack bytes of a model's dump, or None: the caller dumps it.
 
     ``plans`` maps each model class to walk to its fields, in order, as
-    ``(name, serialization name, how)``: ``how`` 0 packs a set value as it
-    is, 1 packs a set of str as a sorted list, 2 gives None when the field
-    is set. A field whose value is None is left out, as ``exclude_none``
-    leaves it out. Values are plain (see ``pack_plain``; a str subclass packs
-    as its text), models of a planned class, and dicts and lists of them.
+    ``(name, serialization name, how)``: ``how`` ``FIELD_AS_IS`` packs a set
+    value as it is, ``FIELD_SORTED`` a set of str as a sorted list, and
+    ``FIELD_REFUSED`` gives None when the field is set. A field whose value
+    is None is left out, as ``exclude_none`` leaves it out. Values are plain
+    (see ``pack_plain``; a str subclass packs as its text), models of a
+    planned class, and dicts and lists of them.
     None for any other value, a model of a class without a plan, and a model
     whose fields are not in its instance dict.
     """

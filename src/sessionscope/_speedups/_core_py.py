@@ -23,6 +23,9 @@ from sessionscope.errors import StateValueError
 
 __all__ = [
     "APP_PREFIX",
+    "FIELD_AS_IS",
+    "FIELD_REFUSED",
+    "FIELD_SORTED",
     "KEY_PREFIX_APP",
     "KEY_PREFIX_TEMP",
     "KEY_PREFIX_USER",
@@ -422,10 +425,11 @@ def _add_map(record: dict[str, Any], name: str, value: object) -> bool:
 
 # -- packing a model's dump -------------------------------------------------------------
 
-# How a planned field packs when it is set (see pack_model).
-_MODEL_VALUE: Final = 0
-_MODEL_SORTED: Final = 1
-_MODEL_REFUSED: Final = 2
+# How a planned field packs when it is set (see pack_model): the plans'
+# makers and both builds read these.
+FIELD_AS_IS: Final = 0
+FIELD_SORTED: Final = 1
+FIELD_REFUSED: Final = 2
 
 
 _BAD_PLAN: Final = (
@@ -443,11 +447,12 @@ def pack_model(model: Any, plans: dict[type, Any], prefix: bytes = b"") -> bytes
     """Return ``prefix`` and the msgpack bytes of a model's dump, or None: the caller dumps it.
 
     ``plans`` maps each model class to walk to its fields, in order, as
-    ``(name, serialization name, how)``: ``how`` 0 packs a set value as it
-    is, 1 packs a set of str as a sorted list, 2 gives None when the field
-    is set. A field whose value is None is left out, as ``exclude_none``
-    leaves it out. Values are plain (see ``pack_plain``; a str subclass packs
-    as its text), models of a planned class, and dicts and lists of them.
+    ``(name, serialization name, how)``: ``how`` ``FIELD_AS_IS`` packs a set
+    value as it is, ``FIELD_SORTED`` a set of str as a sorted list, and
+    ``FIELD_REFUSED`` gives None when the field is set. A field whose value
+    is None is left out, as ``exclude_none`` leaves it out. Values are plain
+    (see ``pack_plain``; a str subclass packs as its text), models of a
+    planned class, and dicts and lists of them.
     None for any other value, a model of a class without a plan, and a model
     whose fields are not in its instance dict. The compiled core packs the
     map without building it.
@@ -477,16 +482,18 @@ def _model_dump(model: Any, plan: Any, plans: dict[type, Any], depth: int) -> di
         if type(entry) is not tuple or len(entry) != 3:
             raise TypeError(_BAD_PLAN)
         name, alias, how = entry
-        if type(alias) is not str or type(how) is not int or not 0 <= how <= 2:
+        if type(alias) is not str or type(how) is not int:
+            raise TypeError(_BAD_PLAN)
+        if not FIELD_AS_IS <= how <= FIELD_REFUSED:
             raise TypeError(_BAD_PLAN)
         if name not in fields:
             raise _NotPacked
         value = fields[name]
         if value is None:
             continue
-        if how == _MODEL_REFUSED:
+        if how == FIELD_REFUSED:
             raise _NotPacked
-        if how == _MODEL_SORTED:
+        if how == FIELD_SORTED:
             if type(value) not in (set, frozenset) or any(type(item) is not str for item in value):
                 raise _NotPacked
             value = sorted(value)

@@ -33,7 +33,7 @@ from google.adk.events import Event
 from google.adk.events.event_actions import EventActions
 
 from .. import codec
-from ..core import pack_model, pack_plain
+from ..core import FIELD_AS_IS, FIELD_REFUSED, FIELD_SORTED, pack_model, pack_plain
 from ..errors import IncompatibleStoreError
 from ..service.core import not_of_kind
 
@@ -73,17 +73,15 @@ def _nullable_with_default(node: Any) -> bool:
 
 _DUMP = _dump_options()
 
-# How a planned field packs when it is set (see core.pack_model).
-_VALUE, _SORTED, _REFUSED = 0, 1, 2
 # The fields of ADK's own classes whose serializers pack_model can follow,
 # by what each does to a plain value: the event's long-running tool ids
 # become a sorted list; the wrap serializers of the state maps hand a plain
 # map to pydantic's own serialization, which keeps it as it is.
 # tests/test_adk_model_packing.py holds each to the dump, so a change in ADK shows.
 _KNOWN_SERIALIZERS: dict[tuple[type, str], int] = {
-    (Event, "long_running_tool_ids"): _SORTED,
-    (EventActions, "state_delta"): _VALUE,
-    (EventActions, "agent_state"): _VALUE,
+    (Event, "long_running_tool_ids"): FIELD_SORTED,
+    (EventActions, "state_delta"): FIELD_AS_IS,
+    (EventActions, "agent_state"): FIELD_AS_IS,
 }
 
 
@@ -148,9 +146,9 @@ def _plan(
             continue
         if "serialization_exclude_if" in field:
             return None
-        how = _VALUE
+        how = FIELD_AS_IS
         if _serialized_by_function(field["schema"], definitions, set()):
-            how = _KNOWN_SERIALIZERS.get((cls, name), _REFUSED)
+            how = _KNOWN_SERIALIZERS.get((cls, name), FIELD_REFUSED)
         plan.append((name, field.get("serialization_alias") or name, how))
     return tuple(plan)
 
