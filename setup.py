@@ -40,5 +40,9 @@ else:
                 *(Extension(name, [source]) for name, source in HOT_PATH),
             ],
             compiler_directives={"language_level": "3", "embedsignature": True},
-        )
+        ),
+        # The modules are compiled at once, one a CPU: each is a large
+        # generated C file, and compiling them one after another took most
+        # of an install's time.
+        options={"build_ext": {"parallel": True}},
     )
