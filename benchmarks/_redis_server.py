@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -16,6 +21,33 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# Linux's prctl option that sends a child a signal when the thread that
+# started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(cpu: int | None) -> Any:
+    """Return the server's ``preexec_fn``: pinned to ``cpu`` if given, killed with this run.
+
+    A benchmark killed with SIGKILL skips its ``finally``; on Linux the kernel
+    then kills the server it started from its main thread.
+    """
+    # The signal comes when the starting thread ends: from the main thread only.
+    on_main = threading.current_thread() is threading.main_thread()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" and on_main else None
+    parent = os.getpid()
+
+    def setup() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the benchmark died before the request was made
+                os._exit(1)
+
+    return setup
 
 
 @contextmanager
@@ -31,7 +63,7 @@ def redis_server(directory: Path, cpu: int | None = None) -> Iterator[str]:
          "--appendonly", "no", "--dir", str(directory)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
+        preexec_fn=_child_setup(cpu),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 10

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,34 @@ STARTUP_SECONDS = 20.0
 def have_redis() -> bool:
     """Tell whether redis-server and redis-cli are installed."""
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+
+
+# Linux's prctl option that sends a child a signal when the thread that
+# started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def stopping_with_this_run() -> Any:
+    """Return a ``preexec_fn`` that has a server killed (SIGKILL) when this run dies.
+
+    A test run killed with SIGKILL skips every teardown, so the servers it
+    started would outlive it. On Linux the kernel signals such a child when
+    the thread that started it ends: the servers are started from the main
+    thread only (a fixture's or a test's), which ends with the run. Elsewhere
+    (another system, another thread) it returns None and teardown alone stops
+    them.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    parent = os.getpid()
+
+    def ask_for_the_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the run died before the request was made
+            os._exit(1)
+
+    return ask_for_the_signal
 
 
 class _PortTaken(Exception):
@@ -101,7 +132,13 @@ class RedisServer:
         logged = log_path.stat().st_size if log_path.exists() else 0
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log, cwd=self.directory)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=log,
+                cwd=self.directory,
+                preexec_fn=stopping_with_this_run(),
+            )
         finally:
             log.close()
         deadline = time.monotonic() + STARTUP_SECONDS

@@ -22,6 +22,7 @@ from google.adk.runners import Runner
 from google.genai import types
 
 from _adk_helpers import APP, free_port, make_agent
+from _redis import stopping_with_this_run
 from sessionscope.adk import LmdbSessionService
 
 pytestmark = [pytest.mark.adk, pytest.mark.slow]
@@ -139,6 +140,7 @@ def test_api_server_with_lmdb_uri(route: str, tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         env=env,
         cwd=tmp_path,
+        preexec_fn=stopping_with_this_run(),
     )  # fmt: skip
     try:
         _wait_until_up(base, server, time.monotonic() + 90)
