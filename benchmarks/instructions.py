@@ -34,6 +34,11 @@ slower, and importing google-adk alone takes half a minute there)::
 
     python benchmarks/instructions.py [--ops 200] [--length 40] [--only NAME ...]
         [--json out.json] [--url redis://host:port/0] [--timeout 1800]
+        [--jobs 2] [--cache-sim]
+
+``--cache-sim`` adds callgrind's simulated cache misses per operation:
+first-level instruction misses, first-level data misses (reads and
+writes) and last-level misses, with the caches of the machine it runs on.
 
 Needs valgrind and strace on the PATH (and redis-server, or ``--url``, for
 the Redis rows); a tool that is missing leaves its column empty. Every
@@ -399,17 +404,45 @@ def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-def _callgrind(command: list[str], timeout: float) -> int | None:
-    done = _run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command], timeout
-    )
+# What ``--cache-sim`` adds beside the instructions: callgrind's simulated
+# first-level misses (instruction fetches; data reads and writes) and
+# last-level misses, each summed from the events of its profile.
+CACHE_COUNTS = {
+    "i1-misses": ("I1mr",),
+    "d1-misses": ("D1mr", "D1mw"),
+    "ll-misses": ("ILmr", "DLmr", "DLmw"),
+}
+
+
+def _callgrind(
+    command: list[str], scratch: Path, timeout: float, cache_sim: bool = False
+) -> dict[str, int] | None:
+    """Return the child's instructions (and with ``cache_sim`` its simulated cache misses)."""
+    profile = scratch / "callgrind.out"
+    tool = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}"]
+    if cache_sim:
+        tool.append("--cache-sim=yes")
+    done = _run([*tool, *command], timeout)
     if done is None:
         return None
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         print(done.stderr[-2000:], file=sys.stderr)
         return None
-    return int(found.group(1))
+    counts = {"callgrind": int(found.group(1))}
+    if cache_sim:
+        events: list[str] = []
+        totals: list[int] = []
+        with open(profile) as lines:
+            for line in lines:
+                if line.startswith("events:"):
+                    events = line.split()[1:]
+                elif line.startswith(("summary:", "totals:")):
+                    totals = [int(n) for n in line.split()[1:]]
+        by_event = dict(zip(events, totals, strict=False))
+        for name, parts in CACHE_COUNTS.items():
+            counts[name] = sum(by_event.get(part, 0) for part in parts)
+    return counts
 
 
 def _strace(command: list[str], scratch: Path, timeout: float) -> int | None:
@@ -434,13 +467,14 @@ def _store_url(url: str, prefix: str) -> str:
 
 
 def measure(name: str, ops: int, tools: tuple[str, ...], length: int = LENGTH,
-            url: str | None = None, timeout: float = 1800) -> dict[str, float | None]:  # fmt: skip
-    """Return instructions and system calls per operation of one operation."""
+            url: str | None = None, timeout: float = 1800,
+            cache_sim: bool = False) -> dict[str, float | None]:  # fmt: skip
+    """Return instructions and system calls (and cache misses) per operation of one operation."""
     # The bulk path takes all its events in one call: per event is per op.
     per = ops
     results: dict[str, float | None] = {}
     for tool in tools:
-        counts = []
+        counts: list[dict[str, int] | None] = []
         for count in (ops, 0):
             with tempfile.TemporaryDirectory(prefix="sessionscope-instr-") as tmp:
                 scratch = Path(tmp)
@@ -450,17 +484,26 @@ def measure(name: str, ops: int, tools: tuple[str, ...], length: int = LENGTH,
                            str(length), store]  # fmt: skip
                 try:
                     if tool == "callgrind":
-                        counts.append(_callgrind(command, timeout))
+                        counts.append(_callgrind(command, scratch, timeout, cache_sim))
                     else:
-                        counts.append(_strace(command, scratch, timeout))
+                        calls = _strace(command, scratch, timeout)
+                        counts.append(None if calls is None else {tool: calls})
                 finally:
                     if url is not None:
                         from sessionscope.stores.redis import RedisStore
 
                         RedisStore(url, prefix=prefix).destroy()
         high, low = counts
-        results[tool] = None if high is None or low is None else (high - low) / per
+        if high is None or low is None:
+            results[tool] = None
+            continue
+        for counted, value in high.items():
+            results[counted] = (value - low[counted]) / per
     return results
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: start a redis-server on loopback)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds a child may run before it is stopped")  # fmt: skip
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also count simulated cache misses per operation (callgrind's "
+                        "--cache-sim: about twice as slow)")  # fmt: skip
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -507,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
             futures = {
                 name: pool.submit(measure, name, args.ops,
                                   tools if url or name not in REDIS else (), args.length,
-                                  url if name in REDIS else None, args.timeout)
+                                  url if name in REDIS else None, args.timeout,
+                                  args.cache_sim)
                 for name in names
             }  # fmt: skip
             try:
@@ -520,17 +567,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise
     length = args.length
     print(f"per operation, {args.ops} operations on {length}-event sessions of the agent mix")
-    print(f"{'operation':24s} {'group':22s} {'instructions':>14s} {'syscalls':>9s}  what")
+    misses = tuple(CACHE_COUNTS) if args.cache_sim else ()
+    print(f"{'operation':24s} {'group':22s} {'instructions':>14s} {'syscalls':>9s}"
+          + "".join(f" {name:>10s}" for name in misses) + "  what")  # fmt: skip
     for name, group, what in OPERATIONS:
         if name not in results:
             continue
         found = results[name]
         instructions = found.get("callgrind")
         calls = found.get("strace")
-        ins = "-" if instructions is None else f"{instructions:,.0f}"
+        ins = _count(instructions)
         sys_calls = "-" if calls is None else f"{calls:.1f}"
+        cache = "".join(f" {_count(found.get(m)):>10s}" for m in misses)
         what = what.format(length=length)
-        print(f"{name:24s} {group:22s} {ins:>14s} {sys_calls:>9s}  {what}")
+        print(f"{name:24s} {group:22s} {ins:>14s} {sys_calls:>9s}{cache}  {what}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
