@@ -12,6 +12,10 @@ record's read, check and write, and the list index move; and a commit's
 transaction (``commit``). Keys and values are built by ``layout``, the one
 place that says what the store holds; a rare step (the first event out of
 time order, a locked append's catch-up) is a ``layout`` function too.
+
+py-lmdb's arguments are passed by position here, as in ``layout``'s
+append helpers (see there why): ``txn.put(key, value, True, True, False,
+db)`` is a plain put into ``db``.
 """
 
 from __future__ import annotations
@@ -112,7 +116,7 @@ def _read_record(
     txn: Any, dbs: Databases, key: bytes, app_name: str, user_id: str, session_id: str
 ) -> Any:
     """Return the session record stored under ``key``, or None."""
-    data = txn.get(key, db=dbs.sessions)
+    data = txn.get(key, None, dbs.sessions)
     if data is None:
         return None
     return layout.checked_record(data, app_name, user_id, session_id)
@@ -121,10 +125,10 @@ def _read_record(
 @cython.cfunc
 def _stored_event(txn: Any, data_db: Any, number: bytes, id_key: bytes) -> Any:
     """Return the stored record of the session's event under ``id_key``, if any."""
-    seq = txn.get(id_key, db=data_db)
+    seq = txn.get(id_key, None, data_db)
     if seq is None:
         return None
-    stored: bytes = txn.get(number + EVENT + seq, db=data_db)
+    stored: bytes = txn.get(number + EVENT + seq, None, data_db)
     return stored[8:]
 
 
@@ -174,7 +178,7 @@ def commit(writer: Writer, actions: list[Callable[[Any], Any]]) -> list[tuple[bo
         txn = None
         if not writer.released:
             try:
-                txn = writer.env.begin(write=True)
+                txn = writer.env.begin(None, None, True)
             except Exception:
                 txn = None
         if txn is None:
@@ -239,7 +243,7 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
         _add_items(puts, APP + app, request.app_items)
         _add_items(puts, USER + app + user, request.user_items)
         for entry_key, value in puts:
-            txn.put(entry_key, value, db=shared_db)
+            txn.put(entry_key, value, True, True, False, shared_db)
         puts.clear()
     if request.session_items:
         _add_items(puts, number + STATE, request.session_items)
@@ -260,12 +264,12 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
         puts.append((number + EVENT_TIME + layout.sortable_time(timestamp) + seq, b""))
     # One call for the session's entries (state, event, indexes): LMDB finds
     # each next key from the cursor's place rather than from the root.
-    txn.cursor(db=data_db).putmulti(puts)
+    txn.cursor(data_db).putmulti(puts)
     old_time: float = record.last_update_time
     record.event_count = count_before + 1
     record.last_update_time = timestamp
     record.last_event_id = request.event_id
-    txn.put(key, pack(record.to_list()), db=dbs.sessions)
+    txn.put(key, pack(record.to_list()), True, True, False, dbs.sessions)
     layout.relist(txn, dbs.listing, record, app, key, old_time)
     marker: str = record.marker
     result = AppendResult(marker, timestamp)
@@ -284,7 +288,7 @@ def _repeat(
     id_key: bytes,
 ) -> AppendResult:
     """Answer an append whose event id the session stores (see ``check_append``)."""
-    seq = int(U64.unpack(txn.get(id_key, db=dbs.data))[0])
+    seq = int(U64.unpack(txn.get(id_key, None, dbs.data))[0])
     repeat = check_append(record, request, stored, seq)
     assert repeat is not None  # a stored id is a repeat or a refusal
     if request.catch_up and not repeat.duplicate:
@@ -298,7 +302,7 @@ def _events_seen(
     txn: Any, data_db: Any, number: bytes, request: AppendRequest, record: SessionRecord
 ) -> int | None:
     def seq_of(event_id: str) -> int | None:
-        seq = txn.get(_id_key(number + EVENT_ID, event_id), db=data_db)
+        seq = txn.get(_id_key(number + EVENT_ID, event_id), None, data_db)
         return None if seq is None else int(U64.unpack(seq)[0])
 
     return events_seen(request, record, seq_of)
@@ -491,7 +495,7 @@ class _BatchState:
         self.dbs = dbs
         self.txn = txn
         self.data_db = dbs.data
-        self.data = txn.cursor(db=dbs.data)
+        self.data = txn.cursor(dbs.data)
         self.format_1 = dbs.format == 1
         self.sessions = {}
         self.shared = {}
@@ -510,13 +514,13 @@ class _BatchState:
             if state:
                 _add_items(shared_puts, prefix, _items_written(seal, kind, owner, state))
         if shared_puts:
-            txn.cursor(db=dbs.shared).putmulti(shared_puts)
+            txn.cursor(dbs.shared).putmulti(shared_puts)
         sessions_db = dbs.sessions
         session: _BatchSession
         for session in sessions.values():
             session.settle()
             record = session.record
-            txn.put(session.key, pack(record.to_list()), db=sessions_db)
+            txn.put(session.key, pack(record.to_list()), True, True, False, sessions_db)
             layout.relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
 
 
