@@ -87,6 +87,14 @@ class _MapMustGrow(Exception):
     """Writes that ran out of map where the map may not grow; nothing was written."""
 
 
+def _in_loop() -> bool:
+    """Tell whether an event loop runs in this thread."""
+    try:
+        return asyncio.get_running_loop() is not None
+    except RuntimeError:  # no event loop runs in this thread
+        return False
+
+
 # The process the stores of this process were opened in. A forked child gets
 # its own id here, and a store opened in the parent refuses to work there.
 _process_pid = os.getpid()
@@ -546,43 +554,52 @@ class Writer:
     def write(self, action: Callable[[Any], T]) -> Completion[T]:
         """Run a write: queued for group commit, or inline without fsync.
 
-        A deferred write from an event loop's thread runs inline only when
-        nobody holds the write lock and nothing waits in the queue before
-        it; otherwise it is queued: LMDB's write lock may be held by another
+        A deferred write runs inline when nobody holds the write lock and
+        nothing waits in the queue before it. Otherwise a thread without an
+        event loop waits for the lock and runs it inline, and an event
+        loop's write is queued: LMDB's write lock may be held by another
         thread or process for as long as it likes, and the loop must not
         wait for it (see ``WriterLock``).
         """
         self.check_open()
-        try:
-            in_loop = asyncio.get_running_loop() is not None
-        except RuntimeError:  # no event loop runs in this thread
-            in_loop = False
+        in_loop: bool | None = None  # asked only when it matters
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
-            if not in_loop:
-                # ``with``, not acquire/try: an interrupt between taking the lock
-                # and a ``try`` would leave it held.
-                locked = False
-                try:
-                    with self.writer_lock:
-                        locked = True
-                        outcome = self.run_writes([action])[0]
-                except Exception as error:  # an interrupt goes to the caller as before
-                    if locked:
-                        raise
-                    return Completion(error=self._lock_refused(error))
-            elif not self._writes:
+            if not self._writes:
+                # Nobody writes and nothing waits, the common case: inline,
+                # whoever calls. An attempt never waits, so a thread running
+                # an event loop may make it too, and nobody needs to ask
+                # whether one runs here (the asking raises an exception in a
+                # thread without one, about 2,800 instructions).
                 with _locks.Attempt(self.writer_lock) as held:
                     if held:
                         try:
                             outcome = self.run_writes([action], may_grow=False)[0]
                         except _MapMustGrow:
-                            # Queued below: the writer thread grows the map,
-                            # and preallocating the file may take a while.
+                            # Grown below, where the map may grow: a loop's
+                            # write is queued for the writer thread, since
+                            # preallocating the file may take a while.
                             outcome = None
+            if outcome is None:
+                in_loop = _in_loop()
+                if not in_loop:
+                    # A thread without a loop waits for the lock. ``with``, not
+                    # acquire/try: an interrupt between taking the lock and a
+                    # ``try`` would leave it held.
+                    locked = False
+                    try:
+                        with self.writer_lock:
+                            locked = True
+                            outcome = self.run_writes([action])[0]
+                    except Exception as error:  # an interrupt goes to the caller as before
+                        if locked:
+                            raise
+                        return Completion(error=self._lock_refused(error))
             if outcome is not None:
                 ok, value = outcome
                 return Completion(value) if ok else Completion(error=value)
+        if in_loop is None:
+            in_loop = _in_loop()
         pending: Pending[T] = Pending()
         with self._admit:
             # Checked with the append, so that nothing is queued after the
