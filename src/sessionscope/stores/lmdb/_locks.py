@@ -60,6 +60,22 @@ else:
     except ImportError:  # a pure install runs without Cython
         from ..._speedups import _no_cython as cython
 
+if TYPE_CHECKING:
+    _c_flock: Any = fcntl.flock
+    _c_errno: int = 0
+    _C_LOCK_EX = _C_LOCK_NB = _C_LOCK_UN = 0
+elif cython.compiled:
+    # flock(2) itself for the calls that cannot wait (a try, an unlock):
+    # fcntl.flock parses its arguments and lets go of the interpreter's lock
+    # around every call, about 1,300 instructions a call beyond the system
+    # call. A wait for the lock still goes through fcntl.flock, which lets
+    # other threads run meanwhile and lets a signal interrupt it.
+    from cython.cimports.libc.errno import errno as _c_errno
+    from cython.cimports.sessionscope.stores.lmdb._flock import LOCK_EX as _C_LOCK_EX
+    from cython.cimports.sessionscope.stores.lmdb._flock import LOCK_NB as _C_LOCK_NB
+    from cython.cimports.sessionscope.stores.lmdb._flock import LOCK_UN as _C_LOCK_UN
+    from cython.cimports.sessionscope.stores.lmdb._flock import flock as _c_flock
+
 __all__ = ["LMDB_MAGIC", "Attempt", "Gate", "WriterLock"]
 
 # LMDB's magic number: lock.mdb opens with it, and every meta page of data.mdb
@@ -156,6 +172,31 @@ class Gate:
             self._lock.release()
 
 
+@cython.cfunc
+def _try_flock(fd: cython.int) -> cython.bint:
+    """Take the ``flock`` on ``fd`` if nobody holds it; never wait."""
+    if cython.compiled:
+        taken: cython.bint = _c_flock(fd, _C_LOCK_EX | _C_LOCK_NB) == 0
+        return taken
+    else:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
+
+
+@cython.cfunc
+def _unlock(fd: cython.int) -> None:
+    """Let go of the ``flock`` on ``fd``; an OSError if the system refuses."""
+    if cython.compiled:
+        if _c_flock(fd, _C_LOCK_UN) != 0:
+            number = _c_errno
+            raise OSError(number, os.strerror(number))
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 @cython.cclass
 class WriterLock:
     """The write lock every writer of one store takes; the loop only tries it.
@@ -216,15 +257,14 @@ class WriterLock:
             raise
         return True
 
-    def _try(self) -> bool:
+    @cython.cfunc
+    def _try(self) -> cython.bint:
         if not self._trusted or not self._threads.acquire(False):
             return False
         if self._fd is None:
             self._threads.release()
             return False
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held by another process's writer
+        if not _try_flock(self._fd):  # held by another process's writer
             self._threads.release()
             return False
         if self._lmdb_word():
@@ -235,7 +275,7 @@ class WriterLock:
     def release(self) -> None:
         try:
             if self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                _unlock(self._fd)
         finally:
             self._threads.release()
 
@@ -247,9 +287,11 @@ class WriterLock:
             # loop hand every write off.)
             self._trusted = self._lmdb_word() != 0
 
-    def _lmdb_word(self) -> int:
+    @cython.cfunc
+    def _lmdb_word(self) -> cython.ulonglong:
         assert self._map is not None  # trusted implies mapped
-        return int(_WORD.unpack_from(self._map, _WRITE_MUTEX_OFFSET)[0])
+        word: cython.ulonglong = _WORD.unpack_from(self._map, _WRITE_MUTEX_OFFSET)[0]
+        return word
 
     def close(self) -> None:
         """Release the file; call it once LMDB has closed the environment."""
@@ -282,7 +324,13 @@ class Attempt:
         self._held = False
 
     def __enter__(self) -> bool:
-        self._held = self._lock.acquire(False)
+        lock = self._lock
+        if type(lock) is WriterLock:
+            # The store's writer lock, tried by a C call (every deferred
+            # write tries it first): no Python call of ``acquire``.
+            self._held = cython.cast(WriterLock, lock)._try()
+        else:
+            self._held = lock.acquire(False)
         return self._held
 
     def __exit__(self, *exc: object) -> None:
