@@ -562,7 +562,6 @@ class Writer:
         wait for it (see ``WriterLock``).
         """
         self.check_open()
-        in_loop: bool | None = None  # asked only when it matters
         if self._syncer is not None:
             outcome: tuple[bool, Any] | None = None
             if not self._writes:
@@ -581,26 +580,25 @@ class Writer:
                             # write is queued for the writer thread, since
                             # preallocating the file may take a while.
                             outcome = None
-            if outcome is None:
-                in_loop = _in_loop()
-                if not in_loop:
-                    # A thread without a loop waits for the lock. ``with``, not
-                    # acquire/try: an interrupt between taking the lock and a
-                    # ``try`` would leave it held.
-                    locked = False
-                    try:
-                        with self.writer_lock:
-                            locked = True
-                            outcome = self.run_writes([action])[0]
-                    except Exception as error:  # an interrupt goes to the caller as before
-                        if locked:
-                            raise
-                        return Completion(error=self._lock_refused(error))
+            if outcome is None and not _in_loop():
+                # A thread without a loop waits for the lock. ``with``, not
+                # acquire/try: an interrupt between taking the lock and a
+                # ``try`` would leave it held.
+                locked = False
+                try:
+                    with self.writer_lock:
+                        locked = True
+                        outcome = self.run_writes([action])[0]
+                except Exception as error:  # an interrupt goes to the caller as before
+                    if locked:
+                        raise
+                    return Completion(error=self._lock_refused(error))
             if outcome is not None:
                 ok, value = outcome
                 return Completion(value) if ok else Completion(error=value)
-        if in_loop is None:
-            in_loop = _in_loop()
+        # Asked again for a loop's write that could not run inline: that
+        # write goes to the writer thread, which costs far more than asking.
+        in_loop = _in_loop()
         pending: Pending[T] = Pending()
         with self._admit:
             # Checked with the append, so that nothing is queued after the
