@@ -19,8 +19,10 @@ from .errors import CorruptStoreError, IncompatibleStoreError, StateValueError
 
 __all__ = [
     "EVENT_FORMAT",
+    "UNDECODABLE",
     "check_event_values",
     "decode_event",
+    "decode_state_value",
     "decode_stored",
     "decode_value",
     "decode_values",
@@ -32,7 +34,9 @@ __all__ = [
     "pack_event",
     "packer",
     "unpack",
+    "unreadable",
     "unreadable_event",
+    "unreadable_state_value",
 ]
 
 # Version byte in front of every stored event record.
@@ -74,6 +78,15 @@ def pack(value: Any) -> bytes:
 unpack = msgpack.unpackb
 
 
+# What msgpack raises for bytes that do not decode.
+UNDECODABLE = (ValueError, TypeError, msgpack.UnpackException)
+
+
+def unreadable(what: str, error: Exception) -> CorruptStoreError:
+    """Return the error for stored bytes ``what`` that do not decode (``error``: msgpack's)."""
+    return CorruptStoreError(f"{what} is unreadable ({error})")
+
+
 def decode_stored(data: bytes | memoryview, what: str) -> Any:
     """Return a value read back from a store; bytes that do not decode are a CorruptStoreError.
 
@@ -83,8 +96,26 @@ def decode_stored(data: bytes | memoryview, what: str) -> Any:
     """
     try:
         return unpack(data)
-    except (ValueError, TypeError, msgpack.UnpackException) as error:
-        raise CorruptStoreError(f"{what} is unreadable ({error})") from error
+    except UNDECODABLE as error:
+        raise unreadable(what, error) from error
+
+
+def decode_state_value(data: bytes | memoryview, key: str) -> Any:
+    """Return a state value read back from a store, as ``decode_stored`` does.
+
+    The name in the error (``state value 'key'``) is made only for bytes
+    that do not decode: a read decodes every value of three maps, and making
+    each one's name up front cost more than decoding it.
+    """
+    try:
+        return unpack(data)
+    except UNDECODABLE as error:
+        raise unreadable_state_value(key, error) from error
+
+
+def unreadable_state_value(key: str, error: Exception) -> CorruptStoreError:
+    """Return the error for the state value of ``key`` whose bytes do not decode."""
+    return unreadable(f"state value {key!r}", error)
 
 
 def encode_value(value: Any, path: str) -> bytes:
@@ -130,7 +161,11 @@ def decode_event(data: bytes) -> Any:
             f"event record has format {version}, this version reads format {EVENT_FORMAT}",
             hint="upgrade sessionscope to read this store",
         )
-    return decode_stored(memoryview(data)[1:], "an event record")
+    # decode_stored without its call: a read decodes each of its events here.
+    try:
+        return unpack(memoryview(data)[1:])
+    except UNDECODABLE as error:
+        raise unreadable("an event record", error) from error
 
 
 def check_event_values(fields: Mapping[Any, Any], root: str = "event") -> None:
@@ -197,4 +232,4 @@ def _same(a: Any, b: Any) -> bool:
 
 def decode_values(items: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
     """Return a map from (key, bytes) pairs read back from a store."""
-    return {key: decode_stored(data, f"state value {key!r}") for key, data in items}
+    return {key: decode_state_value(data, key) for key, data in items}

@@ -227,10 +227,10 @@ class NativeModel(FieldModel[Session, Event]):
 def event_from_record(record: dict[str, Any]) -> Event:
     """Return the event stored as ``record``."""
     actions = record.pop("actions", None)
-    event = Event(**record)
-    if actions is not None:
-        event.actions = EventActions(**actions)
-    return event
+    if actions is None:
+        return Event(**record)
+    # Given to the event as it is made, which would otherwise make an empty one first.
+    return Event(**record, actions=EventActions(**actions))
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ from hashlib import blake2b
 from struct import Struct
 from typing import Any
 
-from ...codec import decode_stored, pack, unpack
+from ...codec import UNDECODABLE, decode_stored, pack, unpack, unreadable_state_value
 from ...core import sized_key, sortable_time, timed_record
 from ...errors import CorruptStoreError, StoreError
 from ..records import Items, LoadedSession, SessionRecord
@@ -383,13 +383,16 @@ def read_map(txn: Any, handle: Any, owner: bytes) -> dict[str, Any]:
             break
         if key[start : start + 2] == DIGEST_MARK:
             name, value = decode_stored(value, "a state entry")
-            result[name] = decode_stored(value, f"state value {name!r}")
         else:
             try:
                 name = key[start + 2 :].decode()
             except UnicodeDecodeError as error:
                 raise CorruptStoreError(f"a state key is unreadable ({error})") from error
-            result[name] = decode_stored(value, f"state value {name!r}")
+        # decode_state_value without its call: a read decodes every value of three maps.
+        try:
+            result[name] = unpack(value)
+        except UNDECODABLE as error:
+            raise unreadable_state_value(name, error) from error
     return result
 
 

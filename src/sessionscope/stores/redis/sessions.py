@@ -54,6 +54,11 @@ _DOUBLE = struct.Struct(">d")
 _MOST_ENTRIES = 2**62
 
 
+def _where(app_name: str, user_id: str, session_id: str) -> str:
+    """Name a session in an error (made only for an error: every read would pay for it)."""
+    return f"session {session_id!r} of user {user_id!r} in app {app_name!r}"
+
+
 class SessionPlans(PlanBase):
     """The plans of sessions, their listing and the state maps."""
 
@@ -191,10 +196,9 @@ class SessionPlans(PlanBase):
         """
         if reply is None:
             return None
-        where = f"session {session_id!r} of user {user_id!r} in app {app_name!r}"
         if type(reply) is bytes:
             # The load function found keys of a session whose part it names is gone.
-            raise _missing(where, "its " + reply.decode())
+            raise _missing(_where(app_name, user_id, session_id), "its " + reply.decode())
         fields, event_list, sstate, ustate_reply, astate_reply, pending = reply
         record = _record(fields)
         if (record.app_name, record.user_id, record.session_id) != (
@@ -205,7 +209,10 @@ class SessionPlans(PlanBase):
             raise StoreError("two ids share a key digest", hint="report this as a bug")
         if None in event_list:
             gone = sum(1 for event in event_list if event is None)
-            raise _missing(where, f"{gone} of the {len(event_list)} event records read")
+            raise _missing(
+                _where(app_name, user_id, session_id),
+                f"{gone} of the {len(event_list)} event records read",
+            )
         astate = yield from self.topology.loaded_app_map(
             app_name, user_id, pending, astate_reply, beside
         )
