@@ -37,6 +37,7 @@ EXPORTED = [
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
+    "revision_marker",
     "scope_of",
     "sized_key",
     "sortable_time",

@@ -455,6 +455,27 @@ def test_sortable_time_agrees_and_sorts_as_the_floats(timestamp: Any, other: flo
         assert (key < other_key) == (number < other) and (key == other_key) == (number == other)
 
 
+@needs_compiled
+@SETTINGS
+@given(
+    st.one_of(st.integers(-(2**70), 2**70), st.booleans(), st.floats(), st.text(max_size=3)),
+    st.one_of(st.integers(-(2**70), 2**70), st.booleans()),
+    st.one_of(st.integers(-(2**70), 2**70), st.booleans(), st.none()),
+)
+def test_revision_marker_agrees(number: Any, count: Any, removed: Any) -> None:
+    """Both builds give the same text for any values, in and out of the 64-bit range."""
+    _agree("revision_marker", number, count, removed)
+
+
+def test_revision_marker_counts_removals_once_there_are_any(core_impl: ModuleType) -> None:
+    assert core_impl.revision_marker(7, 0, 0) == "7:0"
+    assert core_impl.revision_marker(12, 40, 0) == "12:40"
+    assert core_impl.revision_marker(12, 40, 3) == "12:40:3"
+    top = 2**63 - 1
+    assert core_impl.revision_marker(top, top, top) == f"{top}:{top}:{top}"
+    assert core_impl.revision_marker(2**64, 1, 0) == f"{2**64}:1"
+
+
 def test_sortable_time_keeps_the_zeros_and_the_extremes_in_order(core_impl: ModuleType) -> None:
     ordered = [float("-inf"), -1e308, -1.0, -5e-324, 0.0, 5e-324, 1.0, 1767225600.5, float("inf")]
     keys = [core_impl.sortable_time(number) for number in ordered]

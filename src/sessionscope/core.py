@@ -47,6 +47,7 @@ __all__ = [
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
+    "revision_marker",
     "scope_of",
     "sized_key",
     "sortable_time",
@@ -145,5 +146,6 @@ pack_model = _impl.pack_model
 pack_plain = _impl.pack_plain
 sized_key = _impl.sized_key
 sortable_time = _impl.sortable_time
+revision_marker = _impl.revision_marker
 last_values = _impl.last_values
 timed_record = _impl.timed_record

@@ -108,6 +108,7 @@ __all__ = [
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
+    "revision_marker",
     "scope_of",
     "sized_key",
     "sortable_time",
@@ -1128,6 +1129,54 @@ def sortable_time(timestamp):
     out = PyBytes_FromStringAndSize(NULL, 8)
     _big_endian(PyBytes_AS_STRING(out), bits, 8)
     return out
+
+
+cdef Py_ssize_t _put_decimal(char* out, unsigned long long value) noexcept:
+    """Write ``value`` in decimal digits at ``out``; return how many."""
+    cdef char digits[20]
+    cdef Py_ssize_t size = 0
+    cdef Py_ssize_t index
+    while True:
+        digits[size] = <char>(48 + value % 10)
+        value = value // 10
+        size += 1
+        if value == 0:
+            break
+    for index in range(size):
+        out[index] = digits[size - 1 - index]
+    return size
+
+
+def revision_marker(number, count, removed):
+    """Return a session's revision marker (``SessionRecord.marker``).
+
+    ``number:count`` (the session's number, the events appended to it),
+    then ``:removed`` once a truncation removed events. Written in C for
+    exact ints from 0 to 2**63 - 1, what a store holds; anything else is
+    formatted as the twin formats it.
+    """
+    cdef long long values[3]
+    cdef int overflow = 0
+    cdef int parts
+    cdef int index
+    cdef char text[64]
+    cdef Py_ssize_t size = 0
+    if PyLong_CheckExact(number) and PyLong_CheckExact(count) and PyLong_CheckExact(removed):
+        for index, value in enumerate((number, count, removed)):
+            values[index] = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow or values[index] < 0:
+                break
+        else:
+            parts = 3 if values[2] else 2
+            for index in range(parts):
+                if index:
+                    text[size] = 58  # ":"
+                    size += 1
+                size += _put_decimal(text + size, <unsigned long long>values[index])
+            return text[:size].decode("ascii")
+    if removed:
+        return f"{number}:{count}:{removed}"
+    return f"{number}:{count}"
 
 
 def timed_record(timestamp, record):

@@ -43,6 +43,7 @@ __all__ = [
     "pack_plain",
     "partition_by_scope",
     "partition_checked",
+    "revision_marker",
     "scope_of",
     "sized_key",
     "sortable_time",
@@ -540,6 +541,17 @@ def sortable_time(timestamp: float) -> bytes:
     bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63
     result: bytes = _U64.pack(bits)
     return result
+
+
+def revision_marker(number: int, count: int, removed: int) -> str:
+    """Return a session's revision marker (``SessionRecord.marker``).
+
+    ``number:count`` (the session's number, the events appended to it),
+    then ``:removed`` once a truncation removed events.
+    """
+    if removed:
+        return f"{number}:{count}:{removed}"
+    return f"{number}:{count}"
 
 
 def timed_record(timestamp: float, record: bytes) -> bytes:

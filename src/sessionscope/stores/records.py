@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..codec import events_equal
+from ..core import revision_marker
 
 __all__ = [
     "ENCRYPTION_MARKER_APP",
@@ -83,9 +84,7 @@ class SessionRecord:
         ``number:appended:removed`` after a truncation, so that a copy read
         before a truncation no longer matches.
         """
-        if self.removed_count:
-            return f"{self.number}:{self.event_count}:{self.removed_count}"
-        return f"{self.number}:{self.event_count}"
+        return revision_marker(self.number, self.event_count, self.removed_count)
 
     @property
     def stored_count(self) -> int:
