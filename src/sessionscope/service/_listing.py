@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core import revision_marker
 from ..model import SessionMeta
 
 if TYPE_CHECKING:
@@ -51,7 +52,10 @@ def metas(page: list[SessionRecord]) -> list[SessionMeta]:
         _set_field(meta, "user_id", record.user_id)
         _set_field(meta, "last_update_time", record.last_update_time)
         _set_field(meta, "create_time", record.create_time)
-        _set_field(meta, "event_count", record.event_count - record.removed_count)
-        _set_field(meta, "revision", record.marker)
+        count = record.event_count
+        removed = record.removed_count
+        _set_field(meta, "event_count", count - removed)
+        # SessionRecord.marker without the property's Python call.
+        _set_field(meta, "revision", revision_marker(record.number, count, removed))
         built.append(meta)
     return built

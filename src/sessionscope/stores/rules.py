@@ -104,6 +104,7 @@ def check_append(
     request: AppendRequest,
     stored_event: bytes | None,
     stored_seq: int | None = None,
+    marker: str | None = None,
 ) -> AppendResult | None:
     """Decide whether an append may proceed: None when it may, else its answer (a repeat).
 
@@ -111,7 +112,8 @@ def check_append(
     ``same_event`` where a store seals records) is checked before staleness so that a
     caller retrying an append whose answer it lost gets the same answer:
     ``stored_seq`` is the stored event's position, which tells whether it is
-    the one right after the caller's copy (see ``repeat_result``).
+    the one right after the caller's copy (see ``repeat_result``). ``marker``
+    is ``record.marker``, when the caller made it already.
     """
     if record is None:
         raise session_not_found(request.app_name, request.user_id, request.session_id)
@@ -128,10 +130,12 @@ def check_append(
     if request.locked:
         return None
     if request.marker is not None:
-        if request.marker != record.marker:
+        if marker is None:
+            marker = record.marker
+        if request.marker != marker:
             raise StaleSessionError(
                 f"session {request.session_id!r} was read at revision {request.marker}, "
-                f"the store is at {record.marker}: read it again before appending"
+                f"the store is at {marker}: read it again before appending"
             )
     elif (
         record.last_update_time > request.caller_update_time

@@ -36,8 +36,7 @@ else:
     except ImportError:  # a pure install runs without Cython
         from ..._speedups import _no_cython as cython
 
-from ...codec import pack
-from ...core import compiled_or_twin, sized_key, timed_record
+from ...core import compiled_or_twin, revision_marker, sized_key, timed_record
 from ..records import (
     AppendBatch,
     AppendRequest,
@@ -230,7 +229,10 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
         stored = _stored_event(txn, data_db, number, id_key)
     if stored is not None:
         return _repeat(dbs, txn, record, request, stored, number, id_key)
-    if check_append(record, request, None) is not None:
+    marker_before: str | None = None
+    if record is not None:
+        marker_before = revision_marker(record.number, record.event_count, record.removed_count)
+    if check_append(record, request, None, None, marker_before) is not None:
         return AppendResult(None, duplicate=True)
     known = None
     catching_up: cython.bint = request.catch_up
@@ -269,9 +271,9 @@ def append_one(dbs: Databases, txn: Any, request: AppendRequest) -> AppendResult
     record.event_count = count_before + 1
     record.last_update_time = timestamp
     record.last_event_id = request.event_id
-    txn.put(key, pack(record.to_list()), True, True, False, dbs.sessions)
+    txn.put(key, layout.encode_record(record), True, True, False, dbs.sessions)
     layout.relist(txn, dbs.listing, record, app, key, old_time)
-    marker: str = record.marker
+    marker: str = revision_marker(record.number, count_before + 1, record.removed_count)
     result = AppendResult(marker, timestamp)
     if not catching_up:
         return result
@@ -520,7 +522,7 @@ class _BatchState:
         for session in sessions.values():
             session.settle()
             record = session.record
-            txn.put(session.key, pack(record.to_list()), True, True, False, sessions_db)
+            txn.put(session.key, layout.encode_record(record), True, True, False, sessions_db)
             layout.relist(txn, dbs.listing, record, session.app, session.key, session.old_time)
 
 

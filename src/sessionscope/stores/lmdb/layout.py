@@ -49,7 +49,7 @@ from struct import Struct
 from typing import Any
 
 from ...codec import UNDECODABLE, decode_stored, pack, unpack, unreadable_state_value
-from ...core import sized_key, sortable_time, timed_record
+from ...core import pack_plain, sized_key, sortable_time, timed_record
 from ...errors import CorruptStoreError, StoreError
 from ..records import Items, LoadedSession, SessionRecord
 
@@ -283,8 +283,17 @@ def unlist(txn: Any, listing: Any, record: SessionRecord) -> None:
 
 
 def encode_record(record: SessionRecord) -> bytes:
-    """Return a session record's stored value."""
-    return pack(record.to_list())
+    """Return a session record's stored value.
+
+    Packed by the compiled core's packer of plain values, which a record's
+    fields always are: msgpack's own bytes, without a Python frame and a
+    thread's packer to find (an append writes its session's record).
+    """
+    fields = record.to_list()
+    packed: bytes | None = pack_plain(fields)
+    if packed is None:  # not a record this version writes: msgpack says why
+        packed = pack(fields)
+    return packed
 
 
 def decode_record(value: bytes, whose: str | None = None) -> SessionRecord:
@@ -293,7 +302,7 @@ def decode_record(value: bytes, whose: str | None = None) -> SessionRecord:
     ``whose``: the session, when the caller knows it (for the message).
     """
     try:
-        return SessionRecord.from_list(unpack(value))
+        return SessionRecord(*unpack(value))
     except Exception as error:
         message = "a session record" if whose is None else f"the record of {whose}"
         raise CorruptStoreError(f"{message} is unreadable") from error
@@ -315,7 +324,8 @@ def checked_record(data: bytes, app_name: str, user_id: str, session_id: str) ->
     Two ids keyed by one digest would share the key: the stored ids tell.
     """
     try:
-        record = SessionRecord.from_list(unpack(data))
+        # SessionRecord.from_list without its call, as records_under makes them.
+        record = SessionRecord(*unpack(data))
     except Exception:
         # Decoded again for the error: the message is only built when it is needed.
         decode_record(data, f"session {session_id!r} of user {user_id!r} in app {app_name!r}")
