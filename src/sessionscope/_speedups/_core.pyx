@@ -1147,6 +1147,15 @@ cdef Py_ssize_t _put_decimal(char* out, unsigned long long value) noexcept:
     return size
 
 
+cdef inline bint _as_count(object value, long long* out) noexcept:
+    """Store ``value`` at ``out`` if it is an exact int from 0 to 2**63 - 1; tell whether it was."""
+    cdef int overflow = 0
+    if not PyLong_CheckExact(value):
+        return False
+    out[0] = PyLong_AsLongLongAndOverflow(value, &overflow)
+    return not overflow and out[0] >= 0
+
+
 def revision_marker(number, count, removed):
     """Return a session's revision marker (``SessionRecord.marker``).
 
@@ -1155,25 +1164,19 @@ def revision_marker(number, count, removed):
     exact ints from 0 to 2**63 - 1, what a store holds; anything else is
     formatted as the twin formats it.
     """
-    cdef long long values[3]
-    cdef int overflow = 0
-    cdef int parts
-    cdef int index
+    cdef long long first, second, third
     cdef char text[64]
-    cdef Py_ssize_t size = 0
-    if PyLong_CheckExact(number) and PyLong_CheckExact(count) and PyLong_CheckExact(removed):
-        for index, value in enumerate((number, count, removed)):
-            values[index] = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if overflow or values[index] < 0:
-                break
-        else:
-            parts = 3 if values[2] else 2
-            for index in range(parts):
-                if index:
-                    text[size] = 58  # ":"
-                    size += 1
-                size += _put_decimal(text + size, <unsigned long long>values[index])
-            return text[:size].decode("ascii")
+    cdef Py_ssize_t size
+    if _as_count(number, &first) and _as_count(count, &second) and _as_count(removed, &third):
+        size = _put_decimal(text, <unsigned long long>first)
+        text[size] = 58  # ":"
+        size += 1
+        size += _put_decimal(text + size, <unsigned long long>second)
+        if third:
+            text[size] = 58
+            size += 1
+            size += _put_decimal(text + size, <unsigned long long>third)
+        return text[:size].decode("ascii")
     if removed:
         return f"{number}:{count}:{removed}"
     return f"{number}:{count}"
