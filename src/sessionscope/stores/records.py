@@ -99,7 +99,7 @@ class SessionRecord:
 
     def to_list(self) -> list[Any]:
         """Return the record as a packable list."""
-        return [
+        fields = [
             self.app_name,
             self.user_id,
             self.session_id,
@@ -108,13 +108,13 @@ class SessionRecord:
             self.last_update_time,
             self.event_count,
             self.last_event_id,
-        ] + (
-            [self.removed_count, True]
-            if self.time_indexed
-            else [self.removed_count]
-            if self.removed_count
-            else []
-        )
+        ]
+        # One list, grown in place: every append writes its session's record.
+        if self.removed_count or self.time_indexed:
+            fields.append(self.removed_count)
+            if self.time_indexed:
+                fields.append(True)
+        return fields
 
     @classmethod
     def from_list(cls, fields: list[Any]) -> SessionRecord:
