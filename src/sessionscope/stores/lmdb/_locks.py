@@ -87,7 +87,7 @@ _MAGIC = struct.Struct("=I")
 _WRITE_MUTEX_OFFSET = 64
 # The word's bytes, sliced from the map and compared with a free word's:
 # ``struct.unpack_from`` made a tuple and an int on every try, about 1,100
-# instructions where the slice and the comparison take about 300.
+# instructions where the slice and the comparison take about 500.
 _WORD = slice(_WRITE_MUTEX_OFFSET, _WRITE_MUTEX_OFFSET + 4)
 _FREE_WORD = bytes(4)
 
