@@ -13,6 +13,7 @@ from types import ModuleType
 import lmdb
 import pytest
 
+import sessionscope.core
 from _stores import APP, StoreFactory, child_env, ev, lmdb_factory, store_factory  # noqa: F401
 from sessionscope import GetSessionConfig, LmdbStore, SessionMeta, SyncSessionService
 from sessionscope.errors import StoreError
@@ -323,3 +324,64 @@ def test_listing_metas_are_what_the_dataclass_makes(
     with pytest.raises(dataclasses.FrozenInstanceError):
         meta.id = "other"  # type: ignore[misc]
     assert meta.id == "s1"
+
+
+@pytest.mark.parametrize(
+    "module", ["sessionscope.stores.lmdb.layout", "sessionscope.stores.lmdb.layout_c"]
+)
+def test_a_whole_listing_leaves_its_records_and_metas_out_of_the_collector(
+    module: str, build_of: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    """The compiled listing untracks the records it reads and the metas it makes; the twin does not.
+
+    Both builds read the same records, in the same order, and each record
+    and meta still compares equal to one made the ordinary way.
+    """
+    import gc
+
+    from sessionscope.stores.records import SessionRecord
+
+    layout = build_of(module)
+    listing = build_of(module.replace("stores.lmdb.layout", "service._listing"))
+    compiled = module.endswith("_c")
+    with SyncSessionService(f"lmdb://{tmp_path / 'store'}?durability=deferred") as service:
+        for number in range(5):
+            service.create_session(app_name=APP, user_id=f"u{number % 2}", session_id=f"s{number}")
+        store = service.store
+        writer = store._writer  # the store's own transaction, read as its listing reads it
+        prefix = layout.part(APP)
+        records = writer.read(lambda txn: layout.records_under(txn, writer.dbs, prefix))
+        assert [record.session_id for record in records] == [f"s{n}" for n in (0, 2, 4, 1, 3)]
+        assert records == [SessionRecord(*record.to_list()) for record in records]
+        assert all(gc.is_tracked(record) is not compiled for record in records)
+        metas = listing.metas(records)
+        assert [meta.id for meta in metas] == [record.session_id for record in records]
+        assert all(gc.is_tracked(meta) is not compiled for meta in metas)
+        # The store and the service run the builds this process picked.
+        picked = sessionscope.core.IMPLEMENTATIONS
+        stored = store.list_sessions(APP, None)
+        assert stored == records
+        untracked = picked["sessionscope.stores.lmdb.layout"] == "c"
+        assert all(gc.is_tracked(record) is not untracked for record in stored)
+        listed = service.list_sessions(app_name=APP).sessions
+        assert [meta.id for meta in listed] == [f"s{n}" for n in range(5)]
+        untracked = picked["sessionscope.service._listing"] == "c"
+        assert all(gc.is_tracked(meta) is not untracked for meta in listed)
+
+
+def test_records_and_metas_hold_only_values_that_refer_to_nothing() -> None:
+    """Every field of SessionRecord and SessionMeta is a str, int, float, bool or None.
+
+    The compiled listing leaves both out of the cyclic collector, which is
+    safe only while none of them can hold a container: a field added with
+    another type must fail here.
+    """
+    import typing
+
+    from sessionscope.stores.records import SessionRecord
+
+    atomic = {str, int, float, bool, type(None)}
+    for kind in (SessionRecord, SessionMeta):
+        for name, hint in typing.get_type_hints(kind).items():
+            kinds = set(typing.get_args(hint)) or {hint}
+            assert kinds <= atomic, f"{kind.__name__}.{name}: {hint}"

@@ -100,7 +100,12 @@ class Session:
 
 @dataclass(slots=True, frozen=True)
 class SessionMeta:
-    """What a listing returns for a session: no state, no events."""
+    """What a listing returns for a session: no state, no events.
+
+    Frozen, and every field a str, a float or an int: a meta refers to
+    nothing that could refer back to it, so the compiled listing leaves the
+    metas it makes out of the cyclic collector (``service/_listing.py``).
+    """
 
     id: str
     app_name: str

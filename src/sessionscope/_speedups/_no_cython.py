@@ -22,6 +22,7 @@ ulonglong = int
 double = float
 Py_ssize_t = int
 p_const_char = bytes
+p_void = object
 NULL = None
 
 

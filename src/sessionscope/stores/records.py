@@ -56,6 +56,12 @@ class SessionRecord:
     ``number`` is store-internal and never reused, so a session deleted and
     created again under the same id has a new number, and markers read from
     the old one can never match.
+
+    Every field holds a str, an int, a float, a bool or None, which refer to
+    nothing else, so a record can never be part of a reference cycle: the
+    compiled LMDB listing leaves the records it reads out of the cyclic
+    collector (``layout.records_under``). A field that could hold a container
+    would end that (``tests/test_listing.py`` checks the fields' types).
     """
 
     app_name: str

@@ -46,12 +46,24 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from hashlib import blake2b
 from struct import Struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...codec import UNDECODABLE, decode_stored, pack, unpack, unreadable_state_value
 from ...core import pack_plain, sized_key, sortable_time, timed_record
 from ...errors import CorruptStoreError, StoreError
 from ..records import Items, LoadedSession, SessionRecord
+
+if TYPE_CHECKING:
+    from ..._speedups import _no_cython as cython
+
+    _untrack: Any = None
+else:
+    try:
+        import cython
+    except ImportError:  # a pure install runs without Cython
+        from ..._speedups import _no_cython as cython
+    if cython.compiled:
+        from cython.cimports.sessionscope._speedups._gc import PyObject_GC_UnTrack as _untrack
 
 __all__ = [
     "APP",
@@ -346,7 +358,13 @@ def records_under(txn: Any, dbs: Databases, prefix: bytes) -> list[SessionRecord
     for key, value in cursor.iternext():
         if not key.startswith(prefix):
             break
-        add(record_of(*unpack(value)))
+        made = record_of(*unpack(value))
+        if cython.compiled:
+            # Left out of the cyclic collector (see ``records.SessionRecord``):
+            # a whole listing holds one record per session at once, and the
+            # collector's passes meanwhile went over them again and again.
+            _untrack(cython.cast(cython.p_void, made))
+        add(made)
     return records
 
 

@@ -77,7 +77,6 @@ from .layout import (
     raw_names,
     read_map,
     read_record,
-    records_under,
     session_key,
     sortable_time,
     take_number,
@@ -328,7 +327,8 @@ class LmdbStore:
         prefix = part(app_name) + (part(user_id) if user_id is not None else b"")
 
         def scan(txn: Any) -> list[SessionRecord]:
-            return records_under(txn, self._writer.dbs, prefix)
+            # The compiled build's: a whole listing runs its loop once a session.
+            return _layout.records_under(txn, self._writer.dbs, prefix)
 
         return self._writer.read(scan)
 
@@ -386,7 +386,7 @@ class LmdbStore:
                             f"the list index of app {app_name!r} names a session that is gone",
                             hint="run 'sessionscope verify' on the store",
                         )
-                    records.append(decode_record(value))
+                    records.append(_layout.decode_record(value))
                 records.sort(key=list_position)
                 if after is not None:
                     records = [r for r in records if list_position(r) > after]
