@@ -334,8 +334,10 @@ def test_a_whole_listing_leaves_its_records_and_metas_out_of_the_collector(
 ) -> None:
     """The compiled listing untracks the records it reads and the metas it makes; the twin does not.
 
-    Both builds read the same records, in the same order, and each record
-    and meta still compares equal to one made the ordinary way.
+    Both builds read the same records, in the same order, each equal to
+    one made the ordinary way; the store and the service run the build
+    this process picked, so a listing here is untracked when that is the
+    compiled one.
     """
     import gc
 
