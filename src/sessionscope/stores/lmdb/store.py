@@ -69,7 +69,6 @@ from .layout import (
     event_value,
     item_entries_of,
     list_new,
-    loaded,
     part,
     parts_length,
     put_items,
@@ -239,22 +238,24 @@ class LmdbStore:
 
         def create(txn: Any) -> LoadedSession:
             dbs = self._writer.dbs
-            if read_record(txn, dbs, app_name, user_id, session_id) is not None:
+            if _layout.read_record(txn, dbs, app_name, user_id, session_id) is not None:
                 raise AlreadyExistsError(f"session {session_id!r} already exists")
             meta = dbs.meta
             number = take_number(txn, meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
-            put_record(txn, dbs, record)
-            list_new(
+            _layout.put_record(txn, dbs, record)
+            _layout.list_new(
                 txn,
                 dbs.listing,
                 record,
                 session_key(record.app_name, record.user_id, record.session_id),
             )
-            put_items(txn, dbs.data, U64.pack(number) + STATE, session_items)
-            put_items(txn, dbs.shared, APP + part(app_name), app_items)
-            put_items(txn, dbs.shared, USER + part(app_name) + part(user_id), user_items)
-            return loaded(txn, dbs, record, [])
+            # The layout's compiled build, as a read's: the new session comes
+            # back with its user's and its app's maps, read value by value.
+            _layout.put_items(txn, dbs.data, U64.pack(number) + STATE, session_items)
+            _layout.put_items(txn, dbs.shared, APP + part(app_name), app_items)
+            _layout.put_items(txn, dbs.shared, USER + part(app_name) + part(user_id), user_items)
+            return _layout.loaded(txn, dbs, record, [])
 
         return self._writer.write(create)
 
@@ -479,13 +480,13 @@ class LmdbStore:
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
         return self._writer.read(
-            lambda txn: read_map(txn, self._writer.dbs.shared, APP + part(app_name))
+            lambda txn: _layout.read_map(txn, self._writer.dbs.shared, APP + part(app_name))
         )
 
     def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix."""
         owner = USER + part(app_name) + part(user_id)
-        return self._writer.read(lambda txn: read_map(txn, self._writer.dbs.shared, owner))
+        return self._writer.read(lambda txn: _layout.read_map(txn, self._writer.dbs.shared, owner))
 
     # -- retention -------------------------------------------------------
 
