@@ -64,23 +64,6 @@ from .layout import (
     U64,
     USER,
     Databases,
-    after,
-    decode_record,
-    event_value,
-    item_entries_of,
-    list_new,
-    part,
-    parts_length,
-    put_items,
-    put_record,
-    raw_names,
-    read_map,
-    read_record,
-    session_key,
-    sortable_time,
-    take_number,
-    unique_part,
-    unlist,
 )
 from .opening import (
     DEFAULT_MAP_SIZE,
@@ -126,7 +109,7 @@ def _refuse_encrypted_at(path: Path) -> Callable[[Any, Databases], None]:
     """Return the opening check that refuses the store at ``path`` if it was written encrypted."""
 
     def check(txn: Any, dbs: Databases) -> None:
-        marker = read_map(txn, dbs.shared, APP + part(ENCRYPTION_MARKER_APP))
+        marker = _layout.read_map(txn, dbs.shared, APP + _layout.part(ENCRYPTION_MARKER_APP))
         refuse_encrypted(marker, str(path))
 
     return check
@@ -241,20 +224,20 @@ class LmdbStore:
             if _layout.read_record(txn, dbs, app_name, user_id, session_id) is not None:
                 raise AlreadyExistsError(f"session {session_id!r} already exists")
             meta = dbs.meta
-            number = take_number(txn, meta)
+            number = _layout.take_number(txn, meta)
             record = SessionRecord(app_name, user_id, session_id, number, create_time, create_time)
             _layout.put_record(txn, dbs, record)
             _layout.list_new(
                 txn,
                 dbs.listing,
                 record,
-                session_key(record.app_name, record.user_id, record.session_id),
+                _layout.session_key(record.app_name, record.user_id, record.session_id),
             )
-            # The layout's compiled build, as a read's: the new session comes
-            # back with its user's and its app's maps, read value by value.
             _layout.put_items(txn, dbs.data, U64.pack(number) + STATE, session_items)
-            _layout.put_items(txn, dbs.shared, APP + part(app_name), app_items)
-            _layout.put_items(txn, dbs.shared, USER + part(app_name) + part(user_id), user_items)
+            _layout.put_items(txn, dbs.shared, APP + _layout.part(app_name), app_items)
+            _layout.put_items(
+                txn, dbs.shared, USER + _layout.part(app_name) + _layout.part(user_id), user_items
+            )
             return _layout.loaded(txn, dbs, record, [])
 
         return self._writer.write(create)
@@ -325,10 +308,9 @@ class LmdbStore:
 
     def list_sessions(self, app_name: str, user_id: str | None) -> list[SessionRecord]:
         """Return the records of an app's (or one user's) sessions, in key order."""
-        prefix = part(app_name) + (part(user_id) if user_id is not None else b"")
+        prefix = _layout.part(app_name) + (_layout.part(user_id) if user_id is not None else b"")
 
         def scan(txn: Any) -> list[SessionRecord]:
-            # The compiled build's: a whole listing runs its loop once a session.
             return _layout.records_under(txn, self._writer.dbs, prefix)
 
         return self._writer.read(scan)
@@ -352,7 +334,7 @@ class LmdbStore:
         listing = self._writer.dbs.listing
         if listing is None or user_id is not None or limit is None:
             return page_records(self.list_sessions(app_name, user_id), limit, after)
-        app = part(app_name)
+        app = _layout.part(app_name)
         width = len(app) + 16
 
         def runs(cursor: Any) -> Iterator[list[bytes]]:
@@ -374,7 +356,7 @@ class LmdbStore:
         def read(txn: Any) -> tuple[list[SessionRecord], bool]:
             dbs = self._writer.dbs
             cursor = txn.cursor(db=listing)
-            start = app if after is None else app + sortable_time(after[0])
+            start = app if after is None else app + _layout.sortable_time(after[0])
             page: list[SessionRecord] = []
             if not cursor.set_range(start):
                 return page, False
@@ -403,12 +385,12 @@ class LmdbStore:
 
         def delete(txn: Any) -> None:
             dbs = self._writer.dbs
-            record = read_record(txn, dbs, app_name, user_id, session_id)
+            record = _layout.read_record(txn, dbs, app_name, user_id, session_id)
             if record is None:
                 return
-            key = part(app_name) + part(user_id) + part(session_id)
+            key = _layout.part(app_name) + _layout.part(user_id) + _layout.part(session_id)
             txn.delete(key, db=dbs.sessions)
-            unlist(txn, dbs.listing, record)
+            _layout.unlist(txn, dbs.listing, record)
             prefix = U64.pack(record.number)
             cursor = txn.cursor(db=dbs.data)
             if cursor.set_range(prefix):
@@ -480,12 +462,12 @@ class LmdbStore:
     def read_app_state(self, app_name: str) -> dict[str, Any]:
         """Return the app map, keys without prefix."""
         return self._writer.read(
-            lambda txn: _layout.read_map(txn, self._writer.dbs.shared, APP + part(app_name))
+            lambda txn: _layout.read_map(txn, self._writer.dbs.shared, APP + _layout.part(app_name))
         )
 
     def read_user_state(self, app_name: str, user_id: str) -> dict[str, Any]:
         """Return the user map, keys without prefix."""
-        owner = USER + part(app_name) + part(user_id)
+        owner = USER + _layout.part(app_name) + _layout.part(user_id)
         return self._writer.read(lambda txn: _layout.read_map(txn, self._writer.dbs.shared, owner))
 
     # -- retention -------------------------------------------------------
@@ -548,7 +530,7 @@ class LmdbStore:
             dbs = self._writer.dbs
             names = {record.app_name for record in _first_records(txn, dbs, b"", 1)}
             for tag in (APP, USER):
-                names.update(raw_names(txn.cursor(db=dbs.shared), tag, 1))
+                names.update(_layout.raw_names(txn.cursor(db=dbs.shared), tag, 1))
             return sorted(names)
 
         return self._writer.read(scan)
@@ -558,12 +540,12 @@ class LmdbStore:
 
         A user whose id is over 150 bytes is listed through its sessions only.
         """
-        app = part(app_name)
+        app = _layout.part(app_name)
 
         def scan(txn: Any) -> list[str]:
             dbs = self._writer.dbs
             names = {record.user_id for record in _first_records(txn, dbs, app, 2)}
-            names.update(raw_names(txn.cursor(db=dbs.shared), USER + app, 1))
+            names.update(_layout.raw_names(txn.cursor(db=dbs.shared), USER + app, 1))
             return sorted(names)
 
         return self._writer.read(scan)
@@ -574,16 +556,16 @@ class LmdbStore:
         entries = [
             (
                 U64.pack(seq),
-                event_value(event.timestamp, event.record),
-                unique_part(event.event_id),
-                sortable_time(event.timestamp),
+                _layout.event_value(event.timestamp, event.record),
+                _layout.unique_part(event.event_id),
+                _layout.sortable_time(event.timestamp),
             )
             for seq, event in enumerate(copy.events)
         ]
 
         def restore(txn: Any) -> bool:
             dbs = self._writer.dbs
-            found = read_record(txn, dbs, copy.app_name, copy.user_id, copy.session_id)
+            found = _layout.read_record(txn, dbs, copy.app_name, copy.user_id, copy.session_id)
             if found is not None:
                 if copies_equal(_session_copy(txn, dbs, found), copy):
                     return False
@@ -591,7 +573,7 @@ class LmdbStore:
                     f"session {copy.session_id!r} already exists with other content"
                 )
             meta = dbs.meta
-            number = take_number(txn, meta)
+            number = _layout.take_number(txn, meta)
             last = copy.events[-1].event_id if copy.events else None
             stamps = [event.timestamp for event in copy.events]
             # In time order, and no later than the record's time: no time index (format 2).
@@ -610,15 +592,15 @@ class LmdbStore:
                 time_indexed=dbs.format > 1 and not ordered,
             )
             timed = dbs.timed(record)
-            put_record(txn, dbs, record)
-            list_new(
+            _layout.put_record(txn, dbs, record)
+            _layout.list_new(
                 txn,
                 dbs.listing,
                 record,
-                session_key(record.app_name, record.user_id, record.session_id),
+                _layout.session_key(record.app_name, record.user_id, record.session_id),
             )
             owner = U64.pack(number)
-            put_items(txn, dbs.data, owner + STATE, copy.session_items)
+            _layout.put_items(txn, dbs.data, owner + STATE, copy.session_items)
             puts: list[tuple[bytes, bytes]] = []
             for seq, value, id_part, stamp in entries:
                 puts.append((owner + EVENT + seq, value))
@@ -633,13 +615,17 @@ class LmdbStore:
 
     def write_app_state(self, app_name: str, items: Items) -> Completion[None]:
         """Set keys of the app map, leaving other keys as they are."""
-        owner = APP + part(app_name)
-        return self._writer.write(lambda txn: put_items(txn, self._writer.dbs.shared, owner, items))
+        owner = APP + _layout.part(app_name)
+        return self._writer.write(
+            lambda txn: _layout.put_items(txn, self._writer.dbs.shared, owner, items)
+        )
 
     def write_user_state(self, app_name: str, user_id: str, items: Items) -> Completion[None]:
         """Set keys of a user map, leaving other keys as they are."""
-        owner = USER + part(app_name) + part(user_id)
-        return self._writer.write(lambda txn: put_items(txn, self._writer.dbs.shared, owner, items))
+        owner = USER + _layout.part(app_name) + _layout.part(user_id)
+        return self._writer.write(
+            lambda txn: _layout.put_items(txn, self._writer.dbs.shared, owner, items)
+        )
 
     def flush(self) -> Completion[None]:
         """Make every acknowledged write durable."""
@@ -691,7 +677,7 @@ def _last_events(txn: Any, dbs: Databases, number: bytes, n: int) -> list[bytes]
     cursor = txn.cursor(db=dbs.data)
     prefix = number + EVENT
     # The first key after the session's events, then back.
-    following = after(prefix) or prefix
+    following = _layout.after(prefix) or prefix
     positioned = cursor.prev() if cursor.set_range(following) else cursor.last()
     values: list[bytes] = []
     while positioned and len(values) < n and cursor.key().startswith(prefix):
@@ -723,7 +709,7 @@ def _events_after(
     # Only the index entries at or after the time are read.
     prefix = number + EVENT_TIME
     seqs: list[bytes] = []
-    if cursor.set_range(prefix + sortable_time(after)):
+    if cursor.set_range(prefix + _layout.sortable_time(after)):
         for key in cursor.iternext(values=False):
             if not key.startswith(prefix):
                 break
@@ -771,8 +757,8 @@ def _first_records(txn: Any, dbs: Databases, prefix: bytes, depth: int) -> Itera
     positioned = cursor.set_range(prefix)
     while positioned and cursor.key().startswith(prefix):
         key = cursor.key()
-        yield decode_record(cursor.value())
-        positioned = cursor.set_range(after(key[: parts_length(key, depth)]))
+        yield _layout.decode_record(cursor.value())
+        positioned = cursor.set_range(_layout.after(key[: _layout.parts_length(key, depth)]))
 
 
 def _session_copy(txn: Any, dbs: Databases, record: SessionRecord) -> SessionCopy:
@@ -786,5 +772,5 @@ def _session_copy(txn: Any, dbs: Databases, record: SessionRecord) -> SessionCop
             if not key.startswith(prefix):
                 break
             events.append(event_copy(value[8:], F64.unpack_from(value)[0]))
-    state = item_entries_of(read_map(txn, dbs.data, number + STATE))
+    state = _layout.item_entries_of(_layout.read_map(txn, dbs.data, number + STATE))
     return SessionCopy.of_record(record, state, events)
