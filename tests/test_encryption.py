@@ -9,6 +9,7 @@ on encrypted stores in test_encryption_contract.py.)
 from __future__ import annotations
 
 import asyncio
+import copy
 import gzip
 import json
 import os
@@ -532,32 +533,61 @@ def test_opened_keeps_the_newest_within_its_bound_and_forgets_on_clear() -> None
     assert opened.size == 0 and opened.record(often, b"place") is None
 
 
-def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read() -> None:
-    """A caller may change the list it was given: the next read must not see the change."""
-    from sessionscope.codec import pack
-    from sessionscope.crypto.envelope import MISSING, Opened
+def _nested(depth: int) -> Any:
+    """Return ``{"k": [...]}`` nested ``depth`` lists deep, with a 1 at the bottom."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return {"k": value}
 
-    opened = Opened()
-    for number, value in enumerate([["a", {"b": 1}], {"k": [1]}, "text", 7, None, b"raw"]):
+
+@pytest.mark.parametrize(
+    "module", ["sessionscope.crypto.envelope", "sessionscope.crypto.envelope_c"]
+)
+def test_an_opened_list_or_map_is_a_fresh_copy_on_every_read(
+    module: str, build_of: Callable[[str], ModuleType]
+) -> None:
+    """A caller may change the list it was given: no later read may see the change.
+
+    The first read decodes the plaintext; later ones copy what was kept
+    decoded (or decode again, for a value nested too deep to keep).
+    """
+    from sessionscope.codec import pack
+
+    envelope = build_of(module)
+    opened = envelope.Opened()
+    values = [["a", {"b": 1}], {"k": [1, {"n": [2]}]}, _nested(40), "text", 7, None, b"raw"]
+    for number, value in enumerate(values):
+        expected = copy.deepcopy(value)
         sealed = bytes([number]) * 40
         opened.put_value(sealed, b"map", "key", pack(value))
-        first = opened.value(sealed, b"map", "key")
-        assert first == value
-        if isinstance(value, list):
-            first.append("changed")
-        elif isinstance(value, dict):
-            first["k"].append(2)
-        assert opened.value(sealed, b"map", "key") == value
+        handed = []
+        for _ in range(3):
+            got = opened.value(sealed, b"map", "key")
+            assert got == expected
+            if isinstance(got, (list, dict)):
+                assert all(got is not earlier for earlier in handed)
+            handed.append(got)
+            # Change every list and map the caller was handed, at every depth.
+            stack = [got]
+            while stack:
+                item = stack.pop()
+                if isinstance(item, list):
+                    stack.extend(item)
+                    item.append("changed")
+                elif isinstance(item, dict):
+                    stack.extend(item.values())
+                    item["changed"] = True
         # Found only at its own place, and only as the same bytes.
-        assert opened.value(sealed, b"map", "other") is MISSING
-        assert opened.value(sealed, b"other map", "key") is MISSING
-        assert opened.value(bytes([number + 1]) * 40, b"map", "key") is MISSING
+        assert opened.value(sealed, b"map", "other") is envelope.MISSING
+        assert opened.value(sealed, b"other map", "key") is envelope.MISSING
+        assert opened.value(bytes([number + 1]) * 40, b"map", "key") is envelope.MISSING
     # A value set again at a place replaces the one before, in what it holds and in its size.
     opened.clear()
     for number in range(1_000):
         opened.put_value(number.to_bytes(2, "big") * 20, b"map", "key", pack(number))
     assert opened.value((999).to_bytes(2, "big") * 20, b"map", "key") == 999
-    assert opened.value((998).to_bytes(2, "big") * 20, b"map", "key") is MISSING
+    assert opened.value((998).to_bytes(2, "big") * 20, b"map", "key") is envelope.MISSING
     assert 0 < opened.size < 1_000
 
 

@@ -656,8 +656,21 @@ class EncryptedStore:
             return None
         record = loaded.record
         app, user, session = record.app_name, record.user_id, record.session_id
-        at_app, at_user, at_session, _, scope, scope_of_app = self._places(app, user, session)
-        # Each opener takes the quick path first and says why a value does not open.
+        places = self._places(app, user, session)
+        at_app, at_user, at_session, _, scope, scope_of_app = places
+        keyring = self._keyring
+        opened = _envelope.open_session(
+            keyring.heads(scope),
+            keyring.heads(scope_of_app),
+            places,
+            (loaded.session_state, loaded.app_state, loaded.user_state),
+            loaded.events,
+            (self._opened_events, self._opened_values),
+        )
+        if opened is not None:
+            return LoadedSession(record, *opened)
+        # Something did not open on the quick path: each opener takes it
+        # again, then opens value by value and says why one does not open.
         session_state = self._open_values(
             loaded.session_state, scope, at_session, ("s", app, user, session)
         )
