@@ -11,9 +11,12 @@ new seed each round), and each figure is the median over rounds of each
 round's median:
 
 - one append, per call (durable: the round's first appends only);
-- ``get_session(num_recent_events=10)`` of each session after its appends,
-  as an agent reads its session between turns (an encrypted store keeps
-  the events it sealed, and the values it opened, opened);
+- ``get_session(num_recent_events=10)`` of each session once, after all the
+  appends (an encrypted store keeps the events it sealed, and the values
+  it opened, opened);
+- the same read between turns, as an agent makes it: after each append,
+  of the session appended to, on a store of its own (the values unchanged
+  since the last turn are read again);
 - ``append_many`` in batches of 1,000 over the mix (LMDB deferred), events/s;
 - the same read of the sessions ``append_many`` wrote;
 - that read again on a store opened with ``keep_opened=0``, which keeps
@@ -82,6 +85,25 @@ def _reads_us(service: SyncSessionService, work: Workload) -> float:
     return _median_us(samples)
 
 
+def _turns_us(service: SyncSessionService, work: Workload) -> float:
+    """Append the mix's events, reading each one's session after it; return the median read (us)."""
+    clock = time.perf_counter_ns
+    samples = []
+    with collector_paused():
+        for session, event, second in live_appends(service, work):
+            (service.append_event_locked if second else service.append_event)(session, event)
+            began = clock()
+            got = service.get_session(
+                app_name=session.app_name,
+                user_id=session.user_id,
+                session_id=session.id,
+                config=LAST_10,
+            )
+            samples.append(clock() - began)
+            assert got is not None
+    return _median_us(samples)
+
+
 def _bulk(service: SyncSessionService, work: Workload) -> float:
     """Append the mix in batches of 1,000; return events/s."""
     pairs = [(session, event) for session, event, _ in live_appends(service, work)]
@@ -118,6 +140,12 @@ def measure(rounds: int, sessions: int, durable_appends: int, bulk: int) -> list
                             f"get_session(num_recent_events=10) after the appends, {kind} (us)",
                             encrypted,
                             _reads_us(service, work),
+                        )
+                    with _open(kind, directory, f"{name}-turns", encrypted) as service:
+                        add(
+                            f"get_session(num_recent_events=10) between turns, {kind} (us)",
+                            encrypted,
+                            _turns_us(service, work),
                         )
                     with _open(kind, directory, f"{name}-bulk", encrypted) as service:
                         rate = _bulk(service, bulk_work)
