@@ -1031,8 +1031,9 @@ def test_append_from_a_stale_copy_is_rejected(svc: SyncSessionService) -> None:
     b = _stored(svc, "s")
     first = svc.append_event(a, ev(delta={"a": 1}))
     b_before = clone(b)
+    refused = ev(delta={"b": 1, "app:b": 1, "temp:t": 1})
     with pytest.raises(StaleSessionError):
-        svc.append_event(b, ev(delta={"b": 1, "app:b": 1, "temp:t": 1}))
+        svc.append_event(b, refused)
     got = _stored(svc, "s")
     assert event_ids(got) == [first.id]
     assert got.state == {"a": 1}
@@ -1045,6 +1046,14 @@ def test_append_from_a_stale_copy_is_rejected(svc: SyncSessionService) -> None:
     with pytest.raises(StaleSessionError):
         svc.append_event(a, ev(delta={"d": 1}))
     assert _stored(svc, "s").state == {"a": 1, "c": 1}
+    # Nothing of the refused event was kept, its id neither: through a fresh
+    # copy it is a new event, stored once, not a repeat of one stored.
+    again = _stored(svc, "s")
+    svc.append_event(again, refused)
+    got = _stored(svc, "s")
+    assert event_ids(got).count(refused.id) == 1 and event_ids(got)[-1] == refused.id
+    assert got.state == {"a": 1, "c": 1, "b": 1, "app:b": 1}
+    assert again.revision == got.revision
 
 
 def test_the_created_session_object_can_append(svc: SyncSessionService) -> None:
