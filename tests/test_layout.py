@@ -17,7 +17,15 @@ import pytest
 
 from sessionscope.stores import open_store
 from sessionscope.stores.completion import Completion
-from sessionscope.stores.protocol import STORE_METHODS, AsyncStore, InlineAsyncStore, Store
+from sessionscope.stores.protocol import (
+    CHAIN_METHODS,
+    STORE_METHODS,
+    AsyncChainStore,
+    AsyncStore,
+    ChainStore,
+    InlineAsyncStore,
+    Store,
+)
 
 
 def _methods(cls: type) -> set[str]:
@@ -34,13 +42,19 @@ def test_every_face_has_the_methods_of_the_store_interface() -> None:
     # the sync face's alone.
     assert _methods(Store) == {*STORE_METHODS, "aio", "opened_elsewhere", "append_slices"}
     assert _methods(AsyncStore) == set(STORE_METHODS)
-    assert _methods(InlineAsyncStore) == set(STORE_METHODS)
-    for name in STORE_METHODS:
+    # The chain of appends, which the inline stores (memory, LMDB) add.
+    assert _methods(ChainStore) == {*CHAIN_METHODS, "aio"}
+    assert _methods(AsyncChainStore) == set(CHAIN_METHODS)
+    assert _methods(InlineAsyncStore) == {*STORE_METHODS, *CHAIN_METHODS}
+    for name in (*STORE_METHODS, *CHAIN_METHODS):
         method = getattr(InlineAsyncStore, name)
-        assert method.__name__ == name and f"Store.{name}" in method.__doc__
+        face, protocol = (
+            (AsyncChainStore, "ChainStore") if name in CHAIN_METHODS else (AsyncStore, "Store")
+        )
+        assert method.__name__ == name and f"See ``{protocol}.{name}``" in method.__doc__
         # Coroutine or not, each method of the derived face is as the protocol says.
         assert inspect.iscoroutinefunction(method) == inspect.iscoroutinefunction(
-            getattr(AsyncStore, name)
+            getattr(face, name)
         ), name
 
 

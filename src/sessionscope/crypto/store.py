@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from ..codec import decode_event, decode_stored, events_equal, pack
 from ..core import compiled_or_twin
@@ -41,7 +41,7 @@ from ..errors import (
     StoreNotFoundError,
 )
 from ..stores.completion import Completion
-from ..stores.protocol import Store
+from ..stores.protocol import AsyncChainStore, ChainStore, Store
 from ..stores.records import (
     ENCRYPTION_MARKER_APP,
     AppendBatch,
@@ -784,6 +784,14 @@ class EncryptedStore:
             return completion
         return _Then(completion, self._open_result(request))
 
+    def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append a chain of events to one session, sealed; see ``ChainStore.append_chain``.
+
+        The store below must be a ``ChainStore`` (memory, LMDB).
+        """
+        inner = cast(ChainStore, self._inner)
+        return inner.append_chain([self._request(request) for request in requests])
+
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch, sealed; see ``Store.append_many``."""
         return self._inner.append_many(self._batch(batch))
@@ -997,6 +1005,10 @@ class _AsyncEncrypted:
         if not (request.locked or request.catch_up):
             return awaitable
         return _Then(awaitable, self._store._open_result(request))
+
+    def append_chain(self, requests: list[AppendRequest]) -> Awaitable[list[AppendResult]]:
+        aio = cast(AsyncChainStore, self._aio)
+        return aio.append_chain([self._store._request(request) for request in requests])
 
     def append_many(self, batch: AppendBatch) -> Awaitable[BatchResult]:
         result: Awaitable[BatchResult] = self._aio.append_many(self._store._batch(batch))

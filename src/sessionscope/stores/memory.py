@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from .records import (
     result_of_batch,
 )
 from .rules import (
+    append_chain,
     catch_up,
     catch_up_repeat,
     check_append,
@@ -224,6 +226,51 @@ class MemoryStore:
                 return Completion.done(self._append(request))
             except Exception as error:  # handed to the caller
                 return Completion.failed(error)
+
+    def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append events to one session in order, all or none, under one lock.
+
+        See ``Store.append_chain``: on an error the session, its user's map
+        and its app's are put back as they were before the chain.
+        """
+        with self._lock:
+            self._check_open()
+            undo = self._undo_of(requests[0]) if requests else None
+            try:
+                return Completion.done(append_chain(requests, self._append))
+            except Exception as error:  # handed to the caller, with nothing stored
+                if undo is not None:
+                    undo()
+                return Completion.failed(error)
+
+    def _undo_of(self, request: AppendRequest) -> Callable[[], None] | None:
+        """Return a function putting back what appends to the request's session change."""
+        app_name, user_id = request.app_name, request.user_id
+        stored = self._find(app_name, user_id, request.session_id)
+        if stored is None:
+            return None
+        record, count = _copy(stored.record), len(stored.events)
+        state, index = dict(stored.state), dict(stored.event_index)
+        user_key = (app_name, user_id)
+        app_map = self._app_state.get(app_name)
+        user_map = self._user_state.get(user_key)
+        app_items = None if app_map is None else dict(app_map)
+        user_items = None if user_map is None else dict(user_map)
+
+        def undo() -> None:
+            stored.record = record
+            del stored.events[count:], stored.timestamps[count:], stored.seqs[count:]
+            stored.state, stored.event_index = state, index
+            if app_items is None:
+                self._app_state.pop(app_name, None)
+            else:
+                self._app_state[app_name] = app_items
+            if user_items is None:
+                self._user_state.pop(user_key, None)
+            else:
+                self._user_state[user_key] = user_items
+
+        return undo
 
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in order under one lock; stop at the first error."""

@@ -27,7 +27,16 @@ from .records import (
     SessionRecord,
 )
 
-__all__ = ["STORE_METHODS", "AsyncStore", "InlineAsyncStore", "Store", "append_joined"]
+__all__ = [
+    "CHAIN_METHODS",
+    "STORE_METHODS",
+    "AsyncChainStore",
+    "AsyncStore",
+    "ChainStore",
+    "InlineAsyncStore",
+    "Store",
+    "append_joined",
+]
 
 
 class Store(Protocol):
@@ -402,6 +411,40 @@ class AsyncStore(Protocol):
         ...
 
 
+class ChainStore(Store, Protocol):
+    """A store that also appends a chain of events to one session, all or none (memory, LMDB).
+
+    What the google-adk drop-in's ``append_events`` stands on. Redis has no
+    such write yet: its append is a server function of one event, and a
+    chain would need a function of its own that checks every event of the
+    chain before it writes any.
+    """
+
+    @property
+    def aio(self) -> AsyncChainStore:
+        """Return the async face of this store."""
+        ...
+
+    def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append events to one session in order, all or none; return each one's answer.
+
+        Each request after the first is checked against what those before
+        it left (``rules.append_chain``), as the same appends made one by one
+        would be; an error in any (a stale copy, a conflicting event id)
+        leaves nothing of the chain stored and is raised. A durable store
+        syncs the chain once.
+        """
+        ...
+
+
+class AsyncChainStore(AsyncStore, Protocol):
+    """The async face of a ``ChainStore``."""
+
+    def append_chain(self, requests: list[AppendRequest]) -> Awaitable[list[AppendResult]]:
+        """Append a chain of events to one session; see ``ChainStore.append_chain``."""
+        ...
+
+
 def append_joined(store: Store, slices: BatchSlices) -> Completion[BatchResult]:
     """Append a batch's slices as one batch: ``Store.append_slices`` of a store without slices.
 
@@ -439,6 +482,9 @@ STORE_METHODS: tuple[str, ...] = (
     "write_user_state",
 )
 
+# The methods a ``ChainStore`` adds, which the inline async face has too.
+CHAIN_METHODS: tuple[str, ...] = ("append_chain",)
+
 
 # How the inline async face answers a method of ``Store``:
 #   _given    hands back the store's Completion: awaiting it suspends the event
@@ -449,11 +495,11 @@ STORE_METHODS: tuple[str, ...] = (
 #   _thread   a coroutine running the call and its result in a worker thread:
 #             retention works in several transactions, some of which may wait
 #             for the disk, and the event loop goes on meanwhile.
-def _given(name: str) -> Callable[..., Any]:
+def _given(name: str, protocol: str = "Store") -> Callable[..., Any]:
     def method(self: InlineAsyncStore, *args: Any) -> Any:
         return getattr(self._store, name)(*args)
 
-    return _named(method, name)
+    return _named(method, name, protocol)
 
 
 def _given_with_keywords(name: str) -> Callable[..., Any]:
@@ -486,14 +532,14 @@ def _thread(name: str) -> Callable[..., Any]:
     return _named(method, name)
 
 
-def _named(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _named(method: Callable[..., Any], name: str, protocol: str = "Store") -> Callable[..., Any]:
     method.__name__, method.__qualname__ = name, f"InlineAsyncStore.{name}"
-    method.__doc__ = f"See ``Store.{name}``."
+    method.__doc__ = f"See ``{protocol}.{name}``."
     return method
 
 
 class InlineAsyncStore:
-    """The async face of a store whose calls answer inline (memory, LMDB).
+    """The async face of a store whose calls answer inline (memory, LMDB), both ``ChainStore``.
 
     Each method of ``Store`` is built in one line by the builder that says how
     it answers; the type callers see is ``AsyncStore``.
@@ -526,3 +572,4 @@ class InlineAsyncStore:
     restore_session = _awaited("restore_session")
     write_app_state = _awaited("write_app_state")
     write_user_state = _awaited("write_user_state")
+    append_chain = _given("append_chain", "ChainStore")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from operator import attrgetter
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "BATCH_EVENTS",
     "BATCH_SECONDS",
     "BATCH_SESSIONS",
+    "append_chain",
     "catch_up",
     "catch_up_repeat",
     "check_append",
@@ -146,6 +148,50 @@ def check_append(
             "read it again before appending"
         )
     return None
+
+
+def append_chain(
+    requests: list[AppendRequest], append_one: Callable[[AppendRequest], AppendResult]
+) -> list[AppendResult]:
+    """Append a chain of events to one session in order with ``append_one``; return each answer.
+
+    The service prepares every request of a chain against the session as
+    its caller holds it (``ServiceCore.prepare_chain``); each one after the
+    first is checked here against what those before it left, as the same
+    appends made one by one, each prepared once the one before had landed,
+    would be: behind an event stored, at the marker its answer gave; behind
+    one not stored (a repeat answered as a duplicate), where the one before
+    it stood. The store runs the whole chain in one transaction (or under
+    one lock), so that an error anywhere leaves nothing of it stored.
+    """
+    if not requests:
+        return []
+    key = (requests[0].app_name, requests[0].user_id, requests[0].session_id)
+    if any((r.app_name, r.user_id, r.session_id) != key for r in requests):
+        raise ValueError("a chain of appends goes to one session")
+    results: list[AppendResult] = []
+    before: AppendRequest | None = None
+    for request in requests:
+        if before is not None:
+            answer = results[-1]
+            if answer.duplicate or answer.marker is None:
+                # Nothing stored: the session stands where it stood before it.
+                request = replace(
+                    request,
+                    marker=before.marker,
+                    caller_update_time=before.caller_update_time,
+                    caller_last_event_id=before.caller_last_event_id,
+                )
+            else:
+                request = replace(
+                    request,
+                    marker=answer.marker,
+                    caller_update_time=answer.last_update_time,
+                    caller_last_event_id=before.event_id,
+                )
+        results.append(append_one(request))
+        before = request
+    return results
 
 
 def repeat_result(request: AppendRequest, number: int, seq: int | None) -> AppendResult:

@@ -51,7 +51,14 @@ from ..records import (
     event_copy,
     result_of_batch,
 )
-from ..rules import check_copy, check_ttl, list_position, page_records, refuse_encrypted
+from ..rules import (
+    append_chain,
+    check_copy,
+    check_ttl,
+    list_position,
+    page_records,
+    refuse_encrypted,
+)
 from . import maintenance, retention
 from .layout import (
     APP,
@@ -412,6 +419,20 @@ class LmdbStore:
     def append(self, request: AppendRequest) -> Completion[AppendResult]:
         """Append one event and apply its packed delta, all or nothing."""
         return self._writer.write(partial(_hot.write_append, self._writer, request))
+
+    def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
+        """Append events to one session in order, all or none, in one transaction.
+
+        See ``Store.append_chain``: an error in any aborts the transaction,
+        and nothing of the chain is stored. A durable store syncs it once.
+        """
+        writer = self._writer
+
+        def append_all(txn: Any) -> list[AppendResult]:
+            dbs = writer.dbs
+            return append_chain(requests, lambda request: _hot.append_one(dbs, txn, request))
+
+        return writer.write(append_all)
 
     def append_many(self, batch: AppendBatch) -> Completion[BatchResult]:
         """Append a batch in one transaction; on an error, commit those before it.
