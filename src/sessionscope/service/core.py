@@ -426,6 +426,44 @@ class ServiceCore(Generic[S, E]):
             self._merge_locked(session, event, prepared, result)
         return event
 
+    def prepare_chain(self, session: S, events: list[E]) -> list[PreparedAppend | None]:
+        """Check and pack appends of ``events`` to one session, each as ``prepare_append`` does.
+
+        All against the session as it is now: the store checks each one
+        after the first against what those before it left
+        (``ChainStore.append_chain``). None stands for a partial event. If
+        one fails its checks, the events prepared before it get their deltas
+        back and its error is raised.
+        """
+        prepared: list[PreparedAppend | None] = []
+        try:
+            for event in events:
+                prepared.append(self.prepare_append(session, event, False))
+        except BaseException:
+            self.abandon_chain(events, prepared)
+            raise
+        return prepared
+
+    def abandon_chain(self, events: list[E], prepared: list[PreparedAppend | None]) -> None:
+        """Give the events of a chain that was not stored their deltas back."""
+        for event, append in zip(events, prepared, strict=False):
+            if append is not None:
+                self.abandon_append(event, append)
+
+    def finish_chain(
+        self,
+        session: S,
+        events: list[E],
+        prepared: list[PreparedAppend | None],
+        results: list[AppendResult],
+    ) -> list[E]:
+        """Bring the live session up to date with a stored chain, event by event, in order."""
+        answers = iter(results)
+        for event, append in zip(events, prepared, strict=True):
+            if append is not None:
+                self.finish_append(session, event, append, next(answers))
+        return events
+
     def slice_many(self, appends: list[tuple[S, E]]) -> _hot.SlicedBatch:
         """Return a bulk append to be checked and packed a slice at a time, as the store asks.
 

@@ -14,12 +14,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 from ..errors import SessionscopeError, batch_stopped
 from ..model import Event, GetSessionConfig, ListSessionsResponse, Session
 from ..stores import Store, open_store
-from ..stores.records import AppendBatch, BatchResult, BatchSlices
+from ..stores.protocol import AsyncChainStore
+from ..stores.records import AppendBatch, AppendRequest, BatchResult, BatchSlices
 from .core import (
     MAX_ID_BYTES,
     FieldModel,
@@ -162,11 +163,8 @@ class AsyncSessions(Generic[S, E]):
         # revision the first moves past, and be refused as stale though the
         # object is the only copy (ADK's live mode appends from two tasks).
         key = id(session)
-        turns = self._turns
-        if key in turns:
+        if not self._take_turn(key):
             await self._wait_turn(key)
-        else:
-            turns[key] = None
         try:
             prepared = self._core.prepare_append(session, event, locked)
             if prepared is None:
@@ -191,10 +189,62 @@ class AsyncSessions(Generic[S, E]):
                 raise
             return self._core.finish_append(session, event, prepared, result)
         finally:
-            if turns[key] is None:
-                del turns[key]
-            else:
-                self._next_turn(key)
+            self._leave_turn(key)
+
+    async def _append_chain(self, session: S, events: list[E]) -> list[E]:
+        """Append events to one session in order, all or none, in one write of the store.
+
+        The result, on the store and on the live session, is that of
+        ``append_event`` called for each event in turn (a partial event is
+        handed back unstored), but one transaction carries them all: a
+        stale copy or a conflicting event id anywhere stores nothing and
+        leaves the live session as it was. The store must be a
+        ``ChainStore`` (memory, LMDB).
+        """
+        key = id(session)
+        if not self._take_turn(key):
+            await self._wait_turn(key)
+        try:
+            core = self._core
+            prepared = core.prepare_chain(session, events)
+            requests: list[AppendRequest] = [append for append in prepared if append is not None]
+            if not requests:
+                return events
+            completion = cast(AsyncChainStore, self.store.aio).append_chain(requests)
+            try:
+                results = await completion
+            except asyncio.CancelledError:
+                # Queued, it lands or fails all the same: as ``_append`` does.
+                try:
+                    results = await completion
+                except BaseException:
+                    core.abandon_chain(events, prepared)
+                    raise
+                core.finish_chain(session, events, prepared, results)
+                raise
+            except BaseException as error:
+                core.abandon_chain(events, prepared)
+                if isinstance(error, SessionscopeError):
+                    self._raise(error)
+                raise
+            return core.finish_chain(session, events, prepared, results)
+        finally:
+            self._leave_turn(key)
+
+    def _take_turn(self, key: int) -> bool:
+        """Take the turn on a live session object if nobody holds it; False: wait for it."""
+        turns = self._turns
+        if key in turns:
+            return False
+        turns[key] = None
+        return True
+
+    def _leave_turn(self, key: int) -> None:
+        """End an append's turn on its live session object: the next waiting one runs."""
+        if self._turns[key] is None:
+            del self._turns[key]
+        else:
+            self._next_turn(key)
 
     async def _wait_turn(self, key: int) -> None:
         """Wait until the appends before this one on the same live object are done."""
