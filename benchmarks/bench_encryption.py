@@ -38,6 +38,7 @@ from pathlib import Path
 from sessionscope import SyncSessionService
 from sessionscope.bench.replay import collector_paused
 from sessionscope.bench.speed import Workload, live_appends, mix_spec, timed_sync_appends
+from sessionscope.cli.console import Column, render_table
 from sessionscope.crypto import Encryption
 from sessionscope.model import GetSessionConfig
 from sessionscope.stores import open_store
@@ -184,15 +185,8 @@ def main() -> None:
     args = parser.parse_args()
     rounds, sessions, durable, bulk = (2, 10, 40, 30) if args.quick else (args.rounds, 40, 150, 150)
     rows = measure(rounds, sessions, durable, bulk)
-    header = ["figure", "plain", "encrypted", "cost"]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    for row in [header, *rows]:
-        print(
-            "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    columns = ["figure", Column("plain", True), Column("encrypted", True), Column("cost", True)]
+    print(render_table(columns, rows))
 
 
 if __name__ == "__main__":
