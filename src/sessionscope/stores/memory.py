@@ -230,7 +230,7 @@ class MemoryStore:
     def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
         """Append events to one session in order, all or none, under one lock.
 
-        See ``Store.append_chain``: on an error the session, its user's map
+        See ``ChainStore.append_chain``: on an error the session, its user's map
         and its app's are put back as they were before the chain.
         """
         with self._lock:

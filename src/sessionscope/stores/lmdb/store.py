@@ -423,7 +423,7 @@ class LmdbStore:
     def append_chain(self, requests: list[AppendRequest]) -> Completion[list[AppendResult]]:
         """Append events to one session in order, all or none, in one transaction.
 
-        See ``Store.append_chain``: an error in any aborts the transaction,
+        See ``ChainStore.append_chain``: an error in any aborts the transaction,
         and nothing of the chain is stored. A durable store syncs it once.
         """
         writer = self._writer
