@@ -235,7 +235,7 @@ class MemoryStore:
         """
         with self._lock:
             self._check_open()
-            undo = self._undo_of(requests[0]) if requests else None
+            undo = self._undo_of(requests) if requests else None
             try:
                 return Completion.done(append_chain(requests, self._append))
             except Exception as error:  # handed to the caller, with nothing stored
@@ -243,14 +243,18 @@ class MemoryStore:
                     undo()
                 return Completion.failed(error)
 
-    def _undo_of(self, request: AppendRequest) -> Callable[[], None] | None:
-        """Return a function putting back what appends to the request's session change."""
-        app_name, user_id = request.app_name, request.user_id
-        stored = self._find(app_name, user_id, request.session_id)
+    def _undo_of(self, requests: list[AppendRequest]) -> Callable[[], None] | None:
+        """Return a function putting back what a chain of appends to one session changes."""
+        first = requests[0]
+        app_name, user_id = first.app_name, first.user_id
+        stored = self._find(app_name, user_id, first.session_id)
         if stored is None:
             return None
         record, count = _copy(stored.record), len(stored.events)
-        state, index = dict(stored.state), dict(stored.event_index)
+        # The chain's own ids are all its appends can add to the id index (at
+        # positions from the record's count on): the index is not copied,
+        # which a long session would pay for on every chain.
+        state, index = dict(stored.state), stored.event_index
         user_key = (app_name, user_id)
         app_map = self._app_state.get(app_name)
         user_map = self._user_state.get(user_key)
@@ -260,7 +264,10 @@ class MemoryStore:
         def undo() -> None:
             stored.record = record
             del stored.events[count:], stored.timestamps[count:], stored.seqs[count:]
-            stored.state, stored.event_index = state, index
+            for request in requests:
+                if index.get(request.event_id, -1) >= record.event_count:
+                    del index[request.event_id]
+            stored.state = state
             if app_items is None:
                 self._app_state.pop(app_name, None)
             else:
