@@ -184,3 +184,38 @@ def test_delete_app_and_rotate_key_reach_the_data_keys_under_a_glob_prefix(
     session = rotated.get_session(app_name="bank", user_id="ada", session_id="s")
     assert session is not None and session.state["v"] == "ada"
     assert _raw(redis_server, neighbour) == neighbour_before
+
+
+def test_erasing_an_app_scans_a_crowded_server_a_thousand_slots_at_a_time(
+    redis_server: RedisServer, tag: str, opened: list[Any]
+) -> None:
+    """The key store shares its server with other keys: erasure's SCAN must not crawl them."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    opened.append(client)
+    crowd = f"{tag}-crowd:".encode()
+    for start in range(0, 20_000, 1_000):
+        client.mset({crowd + str(n).encode(): b"x" for n in range(start, start + 1_000)})
+    try:
+        keys_uri = _keys_uri(redis_server, f"{tag}-keys:")
+        store = open_store(
+            f"{redis_server.url}?prefix={tag}-data", encryption=Encryption(keys=keys_uri, key=KEK)
+        )
+        opened.append(store)
+        svc = SyncSessionService(store)
+        for app in ("shop", "bank"):
+            svc.create_session(app_name=app, user_id="ada", session_id="s", state={"v": app})
+        size = client.dbsize()
+        scans_before = client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+        svc.delete_app(app_name="shop")
+        scans = client.info("commandstats")["cmdstat_scan"]["calls"] - scans_before
+        # SCAN COUNT n visits about n of the table's slots (a power of two at
+        # least the key count); SCAN's own default of ten would take thousands.
+        assert 0 < scans <= 2 * size // 1_000 + 4, (scans, size)
+        assert svc.get_session(app_name="shop", user_id="ada", session_id="s") is None
+        bank = svc.get_session(app_name="bank", user_id="ada", session_id="s")
+        assert bank is not None and bank.state["v"] == "bank"
+    finally:
+        for start in range(0, 20_000, 1_000):
+            client.delete(*(crowd + str(n).encode() for n in range(start, start + 1_000)))

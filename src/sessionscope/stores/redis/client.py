@@ -193,8 +193,13 @@ def glob_literal(text: bytes) -> bytes:
     return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in text)
 
 
-def _scan(client: Any, cluster: bool, prefix: bytes) -> Any:
-    """Yield every key starting with ``prefix`` (on every primary of a cluster)."""
+def scan_prefix(client: Any, cluster: bool, prefix: bytes) -> Any:
+    """Yield every key starting with ``prefix`` (on every primary of a cluster).
+
+    SCAN walks the whole keyspace of a node, which the store may share with
+    millions of other keys: a thousand slots a call rather than SCAN's ten
+    makes that a hundred times fewer round trips.
+    """
     pattern = glob_literal(prefix) + b"*"
     for node in client.get_primaries() if cluster else [None]:
         options = {} if node is None else {"target_nodes": node}
@@ -206,7 +211,7 @@ def _scan(client: Any, cluster: bool, prefix: bytes) -> Any:
 def any_key(client: Any, cluster: bool, prefix: bytes, where: str) -> bytes | None:
     """Return a key starting with ``prefix``, None when there is none."""
     try:
-        return next(_scan(client, cluster, prefix), None)
+        return next(scan_prefix(client, cluster, prefix), None)
     except _REDIS_ERRORS as error:
         raise _failure(error, where) from error
 
@@ -215,7 +220,7 @@ def delete_keys(client: Any, cluster: bool, prefix: bytes, where: str) -> int:
     """Delete every key starting with ``prefix`` (on every primary of a cluster); say how many."""
     deleted = 0
     try:
-        keys = list(_scan(client, cluster, prefix))
+        keys = list(scan_prefix(client, cluster, prefix))
         for start in range(0, len(keys), 500):
             pipe = client.pipeline(transaction=False)
             for key in keys[start : start + 500]:
