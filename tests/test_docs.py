@@ -21,7 +21,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -223,50 +222,55 @@ def test_readme_stays_short_and_links_the_pages() -> None:
 # -- the command line page -------------------------------------------------
 
 
-def _generator() -> ModuleType:
+@dataclass(frozen=True)
+class CliHelp:
+    """What the command line prints today: its top-level help and the page made of it."""
+
+    commands: list[str]
+    page: str
+
+
+@pytest.fixture(scope="module")
+def cli_help() -> CliHelp:
+    # One rendering for the module: it runs the command line once per command.
     spec = importlib.util.spec_from_file_location("generate_cli", DOCS / "generate_cli.py")
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    return CliHelp(generator.commands(generator.help_text()), generator.render())
 
 
-def cli_page_problems(generator: ModuleType, page: str) -> list[str]:
+def cli_page_problems(now: CliHelp, page: str) -> list[str]:
     """Return what is wrong with a docs/cli.md text, each saying how to fix it."""
-    top = generator.help_text()
     problems = [
         f"docs/cli.md lacks the command {name!r}: run python docs/generate_cli.py"
-        for name in generator.commands(top)
+        for name in now.commands
         if f"\n## sessionscope {name}\n" not in page
     ]
     # Compared word by word: argparse wraps usage lines differently from one
     # Python to the next (3.13 keeps an option with its metavar), not the words.
-    if generator.render().split() != page.split():
+    if now.page.split() != page.split():
         problems.append("docs/cli.md is stale: run python docs/generate_cli.py")
     return problems
 
 
-def test_cli_page_is_current() -> None:
-    generator = _generator()
-    assert {"ls", "verify", "backup", "export", "import", "migrate"} <= set(
-        generator.commands(generator.help_text())
-    )
-    problems = cli_page_problems(generator, (DOCS / "cli.md").read_text(encoding="utf-8"))
+def test_cli_page_is_current(cli_help: CliHelp) -> None:
+    assert {"ls", "verify", "backup", "export", "import", "migrate"} <= set(cli_help.commands)
+    problems = cli_page_problems(cli_help, (DOCS / "cli.md").read_text(encoding="utf-8"))
     assert problems == [], "\n".join(problems)
 
 
-def test_a_stale_cli_page_is_found() -> None:
-    generator = _generator()
+def test_a_stale_cli_page_is_found(cli_help: CliHelp) -> None:
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
     without = (
         page[: page.index("## sessionscope verify")] + page[page.index("## sessionscope backup") :]
     )
-    assert cli_page_problems(generator, without) == [
+    assert cli_page_problems(cli_help, without) == [
         "docs/cli.md lacks the command 'verify': run python docs/generate_cli.py",
         "docs/cli.md is stale: run python docs/generate_cli.py",
     ]
     edited = page.replace("--no-progress", "--quiet", 1)
-    assert cli_page_problems(generator, edited) == [
+    assert cli_page_problems(cli_help, edited) == [
         "docs/cli.md is stale: run python docs/generate_cli.py"
     ]
 

@@ -111,7 +111,7 @@ def _redis_bytes(url: str, prefix: str) -> bytes:
     client = redis.Redis.from_url(url)
     found: dict[bytes, list[bytes]] = {}
     try:
-        for name in client.scan_iter(prefix.encode() + b"*"):
+        for name in client.scan_iter(prefix.encode() + b"*", count=1000):
             kind = client.type(name)
             if kind == b"string":
                 found[name] = [client.get(name)]
@@ -137,7 +137,9 @@ def _redis_copy(url: str, prefix: str) -> dict[bytes, bytes]:
 
     client = redis.Redis.from_url(url)
     try:
-        return {name: client.dump(name) for name in client.scan_iter(prefix.encode() + b"*")}
+        return {
+            name: client.dump(name) for name in client.scan_iter(prefix.encode() + b"*", count=1000)
+        }
     finally:
         client.close()
 
@@ -992,7 +994,7 @@ def test_a_missing_or_wrong_key_leaves_a_new_store_uncreated(
 
         client = redis.Redis.from_url(place.server.url)
         try:
-            assert list(client.scan_iter(f"{place.tag}-new*")) == []
+            assert list(client.scan_iter(f"{place.tag}-new*", count=1000)) == []
         finally:
             client.close()
     assert place.key_bytes() == keys_before

@@ -43,7 +43,8 @@ def _raw(server: RedisServer, prefix: str) -> dict[bytes, bytes]:
     client = redis.Redis.from_url(server.url)
     try:
         start = prefix.encode()
-        return {name: client.get(name) for name in client.scan_iter() if name.startswith(start)}
+        names = client.scan_iter(count=1000)
+        return {name: client.get(name) for name in names if name.startswith(start)}
     finally:
         client.close()
 

@@ -190,9 +190,9 @@ def _keys(client: Any, prefix: str, part: bytes) -> list[bytes]:
     if isinstance(client, redis.cluster.RedisCluster):
         found = []
         for node in client.get_primaries():
-            found += list(client.scan_iter(match=f"{prefix}:*", target_nodes=node))
+            found += list(client.scan_iter(match=f"{prefix}:*", count=1000, target_nodes=node))
     else:
-        found = list(client.scan_iter(match=f"{prefix}:*"))
+        found = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     return [k for k in found if k.endswith(b"}" + part + b"s")]
 
 
@@ -494,7 +494,7 @@ def test_commands_that_read_refuse_a_redis_prefix_without_a_store(
             assert done.returncode == 2, done.stderr
             assert "no store" in done.stderr and prefix in done.stderr, done.stderr
             assert done.stderr.count("\n") == 1
-        assert not list(client.scan_iter(match=f"{prefix}*"))
+        assert not list(client.scan_iter(match=f"{prefix}*", count=1000))
         # No key anywhere either (keys of earlier tests may expire meanwhile, never appear).
         assert client.dbsize() <= before
         assert not (tmp_path / "out.dump").exists()

@@ -69,7 +69,7 @@ class Place:
         client = redis.Redis.from_url(self.server.url)
         try:
             start = self.prefix.encode()
-            return {n: client.get(n) for n in client.scan_iter() if n.startswith(start)}
+            return {n: client.get(n) for n in client.scan_iter(count=1000) if n.startswith(start)}
         finally:
             client.close()
 

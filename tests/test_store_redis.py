@@ -69,9 +69,9 @@ def keys_of(server: Any, prefix: str) -> set[bytes]:
         if isinstance(server, RedisCluster):
             found: set[bytes] = set()
             for node in client.get_primaries():
-                found.update(client.scan_iter(match=prefix + ":*", target_nodes=node))
+                found.update(client.scan_iter(match=prefix + ":*", count=1000, target_nodes=node))
             return found
-        return set(client.scan_iter(match=prefix + ":*"))
+        return set(client.scan_iter(match=prefix + ":*", count=1000))
     finally:
         client.close()
 
