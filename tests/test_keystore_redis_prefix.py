@@ -196,9 +196,9 @@ def test_erasing_an_app_scans_a_crowded_server_a_thousand_slots_at_a_time(
     client = redis.Redis.from_url(redis_server.url)
     opened.append(client)
     crowd = f"{tag}-crowd:".encode()
-    for start in range(0, 20_000, 1_000):
-        client.mset({crowd + str(n).encode(): b"x" for n in range(start, start + 1_000)})
     try:
+        for start in range(0, 20_000, 1_000):
+            client.mset({crowd + str(n).encode(): b"x" for n in range(start, start + 1_000)})
         keys_uri = _keys_uri(redis_server, f"{tag}-keys:")
         store = open_store(
             f"{redis_server.url}?prefix={tag}-data", encryption=Encryption(keys=keys_uri, key=KEK)
